@@ -1,0 +1,32 @@
+# Every target sets itself up: a fresh clone needs nothing but Python 3.11+ and a C compiler.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test run lint bench clean
+
+$(STAMP): pyproject.toml setup.py router/_fastpath.pyx
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+## test: install, build the extension, lint, run every test and perf gate
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests bench; status=$$?; \
+	  if [ $$status -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$status
+
+## run: install, then start a whole fleet on this machine (gpuctl up)
+run: $(STAMP)
+	$(BIN)/gpuctl up
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest -q bench --benchmark-columns=min,mean,ops -s
+
+clean:
+	rm -rf $(VENV) build *.egg-info router/_fastpath.c router/*.so router/*.html

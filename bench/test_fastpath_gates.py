@@ -1,0 +1,116 @@
+"""Perf gates of the fast path: each compares two things in the same run and gates on the ratio."""
+
+import time
+
+import pytest
+
+from bench.timing import compare_ns
+from router import _fastpath, fastpath_py
+
+LOOPS = 20_000
+
+
+def table_with(module, models: int, per_model: int = 4):
+    table = module.EndpointTable()
+    table.update(
+        {
+            f"model-{m}": [(f"m{m}-r{r}", f"http://127.0.0.1:{9000 + r}") for r in range(per_model)]
+            for m in range(models)
+        }
+    )
+    return table
+
+
+def acquire_release_loop(table, model="model-0"):
+    acquire, release = table.acquire, table.release
+
+    def run():
+        for _ in range(LOOPS):
+            release(acquire(model))
+
+    return run
+
+
+def report(benchmark, name, **figures):
+    benchmark.extra_info.update(figures)
+    print(f"\n{name}: " + ", ".join(f"{k}={v:.1f}" for k, v in figures.items()))
+
+
+def test_cython_is_at_least_8x_the_twin(benchmark):
+    fast = acquire_release_loop(table_with(_fastpath, 1))
+    slow = acquire_release_loop(table_with(fastpath_py, 1))
+    cython_ns, python_ns = compare_ns(fast, slow, LOOPS)
+    report(
+        benchmark,
+        "acquire+release ns/op",
+        cython=cython_ns,
+        python=python_ns,
+        ratio=python_ns / cython_ns,
+    )
+    benchmark(fast)
+    assert python_ns / cython_ns >= 8
+
+
+def test_acquire_cost_does_not_grow_with_the_table(benchmark):
+    small = acquire_release_loop(table_with(_fastpath, 1))  # 4 endpoints in all
+    large_table = table_with(_fastpath, 10_000)  # 40,000 endpoints, same shape per model
+    large = acquire_release_loop(large_table, "model-7777")
+    small_ns, large_ns = compare_ns(small, large, LOOPS)
+    report(
+        benchmark,
+        "acquire+release ns/op by table size",
+        endpoints_4=small_ns,
+        endpoints_40000=large_ns,
+        ratio=large_ns / small_ns,
+    )
+    benchmark(large)
+    assert large_ns / small_ns <= 1.2
+
+
+def test_acquire_release_is_within_2x_of_the_call_floor(benchmark):
+    table = table_with(_fastpath, 1)
+    work = acquire_release_loop(table)
+    noop = table.noop
+
+    def floor():
+        # The same two calls with the same arguments, doing nothing: the cost of calling
+        # into the extension from Python, which no implementation of the table can avoid.
+        for _ in range(LOOPS):
+            noop(noop("model-0"))
+
+    work_ns, floor_ns = compare_ns(work, floor, LOOPS)
+    report(
+        benchmark,
+        "acquire+release vs the same calls doing nothing, ns",
+        work=work_ns,
+        floor=floor_ns,
+        ratio=work_ns / floor_ns,
+    )
+    benchmark(work)
+    assert work_ns / floor_ns <= 2
+
+
+@pytest.mark.parametrize("endpoints", [4, 400, 4_000, 40_000])
+def test_snapshot_holds_the_lock_only_for_the_copy(benchmark, endpoints):
+    table = table_with(_fastpath, endpoints // 4)
+    for m in range(0, endpoints // 4, 3):
+        table.release(table.acquire(f"model-{m}"))
+    held = []
+
+    def snapshot():
+        t0 = time.perf_counter_ns()
+        table.snapshot()
+        held.append((table.last_snapshot_lock_ns, time.perf_counter_ns() - t0))
+
+    benchmark.pedantic(snapshot, rounds=20 if endpoints >= 40_000 else 100, iterations=1)
+    lock_ns = min(h for h, _ in held)
+    total_ns = min(t for _, t in held)
+    report(
+        benchmark,
+        f"snapshot of {endpoints} endpoints us",
+        lock_held=lock_ns / 1e3,
+        whole=total_ns / 1e3,
+        share=lock_ns / total_ns,
+    )
+    if endpoints >= 4_000:
+        assert lock_ns / total_ns <= 0.1

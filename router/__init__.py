@@ -1,0 +1,1 @@
+"""gpurouter: the data plane of gpufleet."""

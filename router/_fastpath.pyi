@@ -1,0 +1,58 @@
+"""Typed stubs for the Cython EndpointTable (router/_fastpath.pyx)."""
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+NO_MODEL: int
+"""acquire(): the model is not in the table (the router answers 404)."""
+NO_ENDPOINT: int
+"""acquire(): the model is known but has no usable endpoint (503 + Retry-After)."""
+SATURATED: int
+"""acquire(): every endpoint of the model is at max_in_flight (503 + Retry-After)."""
+
+class EndpointTable:
+    """Routing table of model -> endpoints, with least-loaded selection and outlier ejection.
+
+    Every method is safe to call from several threads; one C-level lock guards the table.
+    """
+
+    version: int
+    """Version of the routes last applied by update()."""
+    failures_to_eject: int
+    base_ejection_ns: int
+    max_ejection_ns: int
+    max_ejection_percent: int
+    max_in_flight: int
+    last_snapshot_lock_ns: int
+    """How long the last snapshot() held the lock, in nanoseconds."""
+    ejections_total: int
+
+    def __init__(
+        self,
+        failures_to_eject: int = 5,
+        base_ejection_s: float = 30.0,
+        max_ejection_s: float = 300.0,
+        max_ejection_percent: int = 50,
+        max_in_flight: int = 0,
+    ) -> None: ...
+    def acquire(self, model: str) -> int:
+        """Least in-flight non-ejected endpoint of `model` (ties rotate); counts the request
+        on it and stamps its last use. A slot >= 0, or NO_MODEL / NO_ENDPOINT / SATURATED."""
+    def release(self, slot: int, failed: bool = False) -> None:
+        """End a request on `slot`, stamping its last use; `failed` counts towards ejection
+        (consecutive failures); safe on a slot whose endpoint was removed meanwhile."""
+    def update(self, routes: Mapping[str, Iterable[Any]], version: int | None = None) -> None:
+        """Replace the whole table atomically; survivors keep slot, counts and stamps."""
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """{"used": {id: seconds since last use}, "watched": {id: seconds watched}}.
+        `used` holds only endpoints used since watched; in-flight ones report 0."""
+    def endpoint_id(self, slot: int) -> str | None: ...
+    def endpoint_url(self, slot: int) -> str | None: ...
+    def in_flight(self, slot: int) -> int: ...
+    def is_ejected(self, slot: int) -> bool: ...
+    def models(self) -> list[str]: ...
+    def endpoints(self, model: str) -> list[tuple[int, str, str]]: ...
+    def noop(self, argument: object = None) -> int:
+        """Does nothing: the floor of a call into the extension, for the benchmarks."""
+    def _pin_clock(self, seconds: float | None) -> None:
+        """Test hook: freeze the clock at `seconds`, or release it with None."""

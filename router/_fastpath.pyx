@@ -1,0 +1,455 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""EndpointTable: per-endpoint load, last use and passive ejection under one C-level lock.
+
+The per-request calls (`acquire`, `release`) touch only C arrays: no Python object is
+created and nothing is allocated. `update` and `snapshot` do their Python work outside the
+lock and hold it only for pointer swaps or a raw copy.
+"""
+
+import threading
+
+cimport cython
+
+from router.fastpath_py import normalise_routes
+
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+
+cdef extern from "time.h" nogil:
+    enum: CLOCK_MONOTONIC_COARSE
+
+
+cdef extern from *:
+    """
+    #include <sched.h>
+    /* A test-and-set lock: uncontended it is one atomic exchange, half the cost of a mutex,
+       and the sections it guards are a few dozen instructions long. */
+    static inline int table_lock_try(int *flag) {
+        return __atomic_exchange_n(flag, 1, __ATOMIC_ACQUIRE) == 0;
+    }
+    static inline void table_lock_wait(int *flag) {
+        while (__atomic_load_n(flag, __ATOMIC_RELAXED) || !table_lock_try(flag)) sched_yield();
+    }
+    static inline void table_lock_release(int *flag) {
+        __atomic_store_n(flag, 0, __ATOMIC_RELEASE);
+    }
+    """
+    bint table_lock_try(int* flag) nogil
+    void table_lock_wait(int* flag) nogil
+    void table_lock_release(int* flag) nogil
+
+
+cdef enum:
+    NEVER = -1
+    SLOT_RETIRED = -1
+
+cdef enum AcquireResult:
+    NO_MODEL_ = -1
+    NO_ENDPOINT_ = -2
+    SATURATED_ = -3
+
+
+cdef struct Slot:
+    int32_t model            # index of its model, SLOT_RETIRED once removed
+    int32_t in_flight
+    int64_t last_used_ns     # NEVER until the first use since it was watched
+    int64_t watched_since_ns
+    int32_t consecutive_failures
+    int32_t ejections        # how many times in a row it has been ejected
+    int64_t ejected_until_ns # 0 when not ejected
+    int64_t last_ejection_end_ns
+
+
+cdef struct Model:
+    int32_t first            # offset into the model-slot index
+    int32_t count
+    int32_t cursor           # rotates ties
+    int32_t ejected
+
+
+cdef inline int64_t monotonic_ns() noexcept nogil:
+    # The coarse clock (one kernel tick, a few ms) costs a third of the precise one here and
+    # idle times and ejections are counted in seconds.
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline int64_t precise_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+### Public API ###
+
+NO_MODEL = NO_MODEL_
+NO_ENDPOINT = NO_ENDPOINT_
+SATURATED = SATURATED_
+
+
+@cython.final
+cdef class EndpointTable:
+    """Routing table of model -> endpoints, with least-loaded selection and outlier ejection."""
+
+    cdef int _lock
+    cdef Slot* _slots
+    cdef int32_t _slot_capacity
+    cdef int32_t _slot_count
+    cdef Model* _models
+    cdef int32_t* _model_slots
+    cdef dict _model_index
+    cdef list _ids
+    cdef list _urls
+    cdef list _model_names
+    cdef object _update_lock
+    cdef readonly int64_t version
+    cdef int64_t _pinned_ns
+    cdef readonly int32_t failures_to_eject
+    cdef readonly int64_t base_ejection_ns
+    cdef readonly int64_t max_ejection_ns
+    cdef readonly int32_t max_ejection_percent
+    cdef readonly int32_t max_in_flight
+    cdef readonly int64_t last_snapshot_lock_ns
+    cdef readonly int64_t ejections_total
+
+    def __cinit__(self):
+        self._lock = 0
+
+    def __init__(
+        self,
+        int failures_to_eject=5,
+        double base_ejection_s=30.0,
+        double max_ejection_s=300.0,
+        int max_ejection_percent=50,
+        int max_in_flight=0,
+    ):
+        if failures_to_eject < 1:
+            raise ValueError("failures_to_eject must be at least 1")
+        if not 0 <= max_ejection_percent <= 100:
+            raise ValueError("max_ejection_percent must be within 0..100")
+        self.failures_to_eject = failures_to_eject
+        self.base_ejection_ns = <int64_t>(base_ejection_s * 1e9)
+        self.max_ejection_ns = <int64_t>(max_ejection_s * 1e9)
+        self.max_ejection_percent = max_ejection_percent
+        self.max_in_flight = max_in_flight
+        self._model_index = {}
+        self._ids = []
+        self._urls = []
+        self._model_names = []
+        self._update_lock = threading.Lock()
+        self._pinned_ns = NEVER
+        self.version = -1
+
+    def __dealloc__(self):
+        free(self._slots)
+        free(self._models)
+        free(self._model_slots)
+
+    cdef inline void _lock_acquire(self) noexcept:
+        # Wait without the GIL, so that a holder that needs it can always finish.
+        if not table_lock_try(&self._lock):
+            with nogil:
+                table_lock_wait(&self._lock)
+
+    cdef inline int64_t _now(self) noexcept nogil:
+        if self._pinned_ns != NEVER:
+            return self._pinned_ns
+        return monotonic_ns()
+
+    def _pin_clock(self, seconds):
+        """Test hook: freeze the table's clock at `seconds`, or release it with None."""
+        self._pinned_ns = NEVER if seconds is None else <int64_t>(seconds * 1e9)
+
+    def acquire(self, str model):
+        """Pick the least-loaded usable endpoint of `model` and count a request on it.
+
+        Returns the slot, or NO_MODEL (unknown model), NO_ENDPOINT (no usable endpoint),
+        SATURATED (every endpoint at max_in_flight).
+        """
+        cdef int32_t m, i, pos, slot, best = -1, best_pos = 0, best_load = 0
+        cdef Model* mdl
+        cdef Slot* s
+        self._lock_acquire()
+        # Looked up under the lock: an update swaps the index and the model array together.
+        cdef object found = self._model_index.get(model)
+        if found is None:
+            table_lock_release(&self._lock)
+            return NO_MODEL_
+        m = found
+        cdef int64_t now = self._now()
+        mdl = &self._models[m]
+        pos = mdl.cursor
+        for i in range(mdl.count):
+            if pos == mdl.count:
+                pos = 0
+            slot = self._model_slots[mdl.first + pos]
+            s = &self._slots[slot]
+            if s.ejected_until_ns != 0:
+                if s.ejected_until_ns > now:
+                    pos += 1
+                    continue
+                s.ejected_until_ns = 0
+                s.last_ejection_end_ns = now
+                mdl.ejected -= 1
+            if best == -1 or s.in_flight < best_load:
+                best = slot
+                best_pos = pos
+                best_load = s.in_flight
+            pos += 1
+        if best == -1:
+            table_lock_release(&self._lock)
+            return NO_ENDPOINT_
+        if self.max_in_flight > 0 and best_load >= self.max_in_flight:
+            table_lock_release(&self._lock)
+            return SATURATED_
+        s = &self._slots[best]
+        s.in_flight += 1
+        s.last_used_ns = now
+        mdl.cursor = best_pos + 1 if best_pos + 1 < mdl.count else 0
+        table_lock_release(&self._lock)
+        return best
+
+    def release(self, int slot, bint failed=False):
+        """End a request on `slot`; count a failure towards ejection when `failed`."""
+        if slot < 0:
+            return
+        self._lock_acquire()
+        if slot >= self._slot_count:
+            table_lock_release(&self._lock)
+            return
+        cdef int64_t now = self._now()
+        cdef Slot* s = &self._slots[slot]
+        if s.in_flight > 0:
+            s.in_flight -= 1
+        s.last_used_ns = now
+        if s.model != SLOT_RETIRED:
+            if failed:
+                s.consecutive_failures += 1
+                if s.consecutive_failures >= self.failures_to_eject and s.ejected_until_ns == 0:
+                    self._try_eject(s, now)
+            else:
+                s.consecutive_failures = 0
+        table_lock_release(&self._lock)
+
+    cdef void _try_eject(self, Slot* s, int64_t now) noexcept:
+        cdef Model* mdl = &self._models[s.model]
+        cdef int32_t allowed = mdl.count * self.max_ejection_percent // 100
+        if allowed < 1:
+            allowed = 1
+        if allowed > mdl.count - 1:
+            allowed = mdl.count - 1
+        if mdl.ejected >= allowed:
+            return
+        if s.last_ejection_end_ns != 0 and now - s.last_ejection_end_ns > self.max_ejection_ns:
+            s.ejections = 0
+        s.ejections += 1
+        cdef int64_t duration = self.base_ejection_ns * s.ejections
+        if duration > self.max_ejection_ns:
+            duration = self.max_ejection_ns
+        s.ejected_until_ns = now + duration
+        s.consecutive_failures = 0
+        mdl.ejected += 1
+        self.ejections_total += 1
+
+    def update(self, routes, version=None):
+        """Replace the table with `routes` ({model: [(endpoint_id, url), ...]}) atomically.
+
+        Endpoints are matched by (model, id): survivors keep slot, counts and stamps; new ones
+        start never used and watched from now; removed ones are retired, and a retired slot is
+        reused only once nothing is in flight on it.
+        """
+        wanted = normalise_routes(routes)
+        self._update_lock.acquire()
+        try:
+            self._apply(wanted, version)
+        finally:
+            self._update_lock.release()
+
+    cdef _apply(self, dict wanted, object version):
+        # Only update changes which model and id a slot holds, and updates are serialised, so
+        # the plan can be made without the table lock. Counts and stamps keep moving meanwhile;
+        # they are carried over under the lock.
+        cdef int32_t slot, m, k, n_models = len(wanted), n_slots = self._slot_count
+        current = {}
+        for slot in range(n_slots):
+            if self._slots[slot].model != SLOT_RETIRED:
+                current[(self._model_names[self._slots[slot].model], self._ids[slot])] = slot
+        reusable = [slot for slot in range(n_slots - 1, -1, -1)
+                    if self._slots[slot].model == SLOT_RETIRED and self._slots[slot].in_flight == 0]
+        names = list(wanted)
+        ids = list(self._ids)
+        urls = list(self._urls)
+        plan = []      # (model index, slot, is new)
+        for m, name in enumerate(names):
+            for endpoint_id, url in wanted[name]:
+                slot = current.pop((name, endpoint_id), -1)
+                is_new = slot == -1
+                if is_new:
+                    if reusable:
+                        slot = reusable.pop()
+                    else:
+                        slot = len(ids)
+                        ids.append(None)
+                        urls.append(None)
+                ids[slot] = endpoint_id
+                urls[slot] = url
+                plan.append((m, slot, is_new))
+        retired = list(current.values())
+        for slot in retired:
+            ids[slot] = None
+            urls[slot] = None
+        cdef int32_t total_slots = len(ids)
+        cdef Model* models = <Model*>calloc(max(1, n_models), sizeof(Model))
+        cdef int32_t* model_slots = <int32_t*>malloc(max(1, len(plan)) * sizeof(int32_t))
+        cdef Slot* grown = NULL
+        if total_slots > self._slot_capacity:
+            grown = <Slot*>calloc(max(16, total_slots, 2 * self._slot_capacity), sizeof(Slot))
+        if models == NULL or model_slots == NULL or (total_slots > self._slot_capacity and grown == NULL):
+            free(models)
+            free(model_slots)
+            free(grown)
+            raise MemoryError()
+        k = 0
+        for m, name in enumerate(names):
+            models[m].first = k
+            k += len(wanted[name])
+        new_index = {name: m for m, name in enumerate(names)}
+        cdef Slot* s
+        cdef bint fresh
+        cdef int64_t now
+        self._lock_acquire()
+        now = self._now()
+        if grown != NULL:
+            memcpy(grown, self._slots, n_slots * sizeof(Slot))
+            free(self._slots)
+            self._slots = grown
+            self._slot_capacity = max(16, total_slots, 2 * self._slot_capacity)
+        for slot in retired:
+            s = &self._slots[slot]
+            s.model = SLOT_RETIRED
+            s.ejected_until_ns = 0
+        for m, slot, fresh in plan:
+            s = &self._slots[slot]
+            if fresh:
+                s.in_flight = 0
+                s.last_used_ns = NEVER
+                s.watched_since_ns = now
+                s.consecutive_failures = 0
+                s.ejections = 0
+                s.ejected_until_ns = 0
+                s.last_ejection_end_ns = 0
+            s.model = m
+            model_slots[models[m].first + models[m].count] = slot
+            models[m].count += 1
+            if s.ejected_until_ns != 0:
+                models[m].ejected += 1
+        self._slot_count = total_slots
+        models, self._models = self._models, models
+        model_slots, self._model_slots = self._model_slots, model_slots
+        old = (self._ids, self._urls, self._model_names, self._model_index)
+        self._ids = ids
+        self._urls = urls
+        self._model_names = names
+        self._model_index = new_index
+        self.version = self.version + 1 if version is None else version
+        table_lock_release(&self._lock)
+        free(models)
+        free(model_slots)
+        del old
+
+    def snapshot(self):
+        """Activity map: {"used": {id: s since last use}, "watched": {id: s watched}}.
+
+        The lock is held only to copy the raw slot array; the dicts are built after.
+        """
+        cdef int32_t n, capacity = 0, slot
+        cdef Slot* copy = NULL
+        cdef int64_t now, t0
+        while True:
+            # Allocate outside the lock; retry in the rare case the table grew meanwhile.
+            self._lock_acquire()
+            if self._slot_count <= capacity:
+                break
+            capacity = self._slot_count
+            table_lock_release(&self._lock)
+            free(copy)
+            copy = <Slot*>malloc(capacity * sizeof(Slot))
+            if copy == NULL:
+                raise MemoryError()
+        t0 = precise_ns()
+        n = self._slot_count
+        ids = self._ids
+        now = self._now()
+        if n:
+            memcpy(copy, self._slots, n * sizeof(Slot))
+        self.last_snapshot_lock_ns = precise_ns() - t0
+        table_lock_release(&self._lock)
+        used = {}
+        watched = {}
+        try:
+            for slot in range(n):
+                if copy[slot].model == SLOT_RETIRED:
+                    continue
+                endpoint_id = ids[slot]
+                watched[endpoint_id] = max(0.0, (now - copy[slot].watched_since_ns) / 1e9)
+                if copy[slot].in_flight > 0:
+                    used[endpoint_id] = 0.0
+                elif copy[slot].last_used_ns != NEVER:
+                    used[endpoint_id] = max(0.0, (now - copy[slot].last_used_ns) / 1e9)
+        finally:
+            free(copy)
+        return {"used": used, "watched": watched}
+
+    def endpoint_id(self, int slot):
+        """Id of the endpoint in `slot` (None once it has been removed)."""
+        return self._ids[slot]
+
+    def endpoint_url(self, int slot):
+        """URL of the endpoint in `slot` (None once it has been removed)."""
+        return self._urls[slot]
+
+    def in_flight(self, int slot):
+        """Requests now in flight on `slot`."""
+        cdef int32_t count = 0
+        self._lock_acquire()
+        if 0 <= slot < self._slot_count:
+            count = self._slots[slot].in_flight
+        table_lock_release(&self._lock)
+        return count
+
+    def is_ejected(self, int slot):
+        """Whether `slot` is ejected now (an ejection whose time has passed does not count)."""
+        cdef int64_t until = 0
+        self._lock_acquire()
+        if 0 <= slot < self._slot_count:
+            until = self._slots[slot].ejected_until_ns
+        cdef bint ejected = until != 0 and until > self._now()
+        table_lock_release(&self._lock)
+        return ejected
+
+    def models(self):
+        """Model names in the table, in the order they were given."""
+        return list(self._model_names)
+
+    def endpoints(self, str model):
+        """[(slot, endpoint_id, url)] of `model`, or [] for an unknown model."""
+        cdef int32_t i
+        cdef Model mdl
+        slots = []
+        self._lock_acquire()
+        found = self._model_index.get(model)
+        if found is not None:
+            mdl = self._models[<int32_t>found]
+            for i in range(mdl.count):
+                slots.append(self._model_slots[mdl.first + i])
+        ids, urls = self._ids, self._urls
+        table_lock_release(&self._lock)
+        return [(slot, ids[slot], urls[slot]) for slot in slots]
+
+    def noop(self, argument=None):
+        """Does nothing: the floor of a call into this extension, for the benchmarks."""
+        return 0

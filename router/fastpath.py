@@ -1,0 +1,25 @@
+"""The one place that decides which EndpointTable the router uses.
+
+The Cython extension unless `GPUROUTER_NO_EXTENSIONS=1` is set or it was not built, in which
+case the pure-Python twin, with the same API.
+"""
+
+import os
+
+from router import fastpath_py
+
+if os.environ.get("GPUROUTER_NO_EXTENSIONS") == "1":
+    _impl = fastpath_py
+else:
+    try:
+        from router import _fastpath as _impl
+    except ImportError:  # a source checkout that was never built
+        _impl = fastpath_py
+
+EndpointTable = _impl.EndpointTable
+NO_MODEL = _impl.NO_MODEL
+NO_ENDPOINT = _impl.NO_ENDPOINT
+SATURATED = _impl.SATURATED
+USING_EXTENSION = _impl is not fastpath_py
+
+__all__ = ["EndpointTable", "NO_MODEL", "NO_ENDPOINT", "SATURATED", "USING_EXTENSION"]

@@ -1,0 +1,280 @@
+"""Pure-Python twin of `router._fastpath.EndpointTable`, with the same API and semantics.
+
+It is the reference the differential tests compare the extension against, the baseline of the
+benchmarks, and what runs when `GPUROUTER_NO_EXTENSIONS=1` or the extension is not built.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+NO_MODEL = -1
+NO_ENDPOINT = -2
+SATURATED = -3
+
+_NEVER = -1
+_RETIRED = -1
+
+
+class _Slot:
+    __slots__ = (
+        "model",
+        "in_flight",
+        "last_used_ns",
+        "watched_since_ns",
+        "consecutive_failures",
+        "ejections",
+        "ejected_until_ns",
+        "last_ejection_end_ns",
+    )
+
+    def __init__(self, model: int, now: int) -> None:
+        self.model = model
+        self.in_flight = 0
+        self.last_used_ns = _NEVER
+        self.watched_since_ns = now
+        self.consecutive_failures = 0
+        self.ejections = 0
+        self.ejected_until_ns = 0
+        self.last_ejection_end_ns = 0
+
+
+class _Model:
+    __slots__ = ("slots", "cursor", "ejected")
+
+    def __init__(self) -> None:
+        self.slots: list[int] = []
+        self.cursor = 0
+        self.ejected = 0
+
+
+class EndpointTable:
+    """Routing table of model -> endpoints, with least-loaded selection and outlier ejection."""
+
+    def __init__(
+        self,
+        failures_to_eject: int = 5,
+        base_ejection_s: float = 30.0,
+        max_ejection_s: float = 300.0,
+        max_ejection_percent: int = 50,
+        max_in_flight: int = 0,
+    ) -> None:
+        if failures_to_eject < 1:
+            raise ValueError("failures_to_eject must be at least 1")
+        if not 0 <= max_ejection_percent <= 100:
+            raise ValueError("max_ejection_percent must be within 0..100")
+        self.failures_to_eject = failures_to_eject
+        self.base_ejection_ns = int(base_ejection_s * 1e9)
+        self.max_ejection_ns = int(max_ejection_s * 1e9)
+        self.max_ejection_percent = max_ejection_percent
+        self.max_in_flight = max_in_flight
+        self.version = -1
+        self.last_snapshot_lock_ns = 0
+        self.ejections_total = 0
+        self._lock = threading.Lock()
+        self._update_lock = threading.Lock()
+        self._slots: list[_Slot] = []
+        self._ids: list[str | None] = []
+        self._urls: list[str | None] = []
+        self._models: list[_Model] = []
+        self._model_names: list[str] = []
+        self._model_index: dict[str, int] = {}
+        self._pinned_ns = _NEVER
+
+    def _now(self) -> int:
+        return self._pinned_ns if self._pinned_ns != _NEVER else time.monotonic_ns()
+
+    def _pin_clock(self, seconds: float | None) -> None:
+        """Test hook: freeze the table's clock at `seconds`, or release it with None."""
+        self._pinned_ns = _NEVER if seconds is None else int(seconds * 1e9)
+
+    def acquire(self, model: str) -> int:
+        with self._lock:
+            m = self._model_index.get(model)
+            if m is None:
+                return NO_MODEL
+            now = self._now()
+            mdl = self._models[m]
+            count = len(mdl.slots)
+            best = -1
+            best_pos = 0
+            best_load = 0
+            for i in range(count):
+                pos = (mdl.cursor + i) % count
+                slot = mdl.slots[pos]
+                s = self._slots[slot]
+                if s.ejected_until_ns != 0:
+                    if s.ejected_until_ns > now:
+                        continue
+                    s.ejected_until_ns = 0
+                    s.last_ejection_end_ns = now
+                    mdl.ejected -= 1
+                if best == -1 or s.in_flight < best_load:
+                    best, best_pos, best_load = slot, pos, s.in_flight
+            if best == -1:
+                return NO_ENDPOINT
+            if self.max_in_flight > 0 and best_load >= self.max_in_flight:
+                return SATURATED
+            s = self._slots[best]
+            s.in_flight += 1
+            s.last_used_ns = now
+            mdl.cursor = (best_pos + 1) % count
+            return best
+
+    def release(self, slot: int, failed: bool = False) -> None:
+        if slot < 0:
+            return
+        with self._lock:
+            if slot >= len(self._slots):
+                return
+            now = self._now()
+            s = self._slots[slot]
+            if s.in_flight > 0:
+                s.in_flight -= 1
+            s.last_used_ns = now
+            if s.model == _RETIRED:
+                return
+            if not failed:
+                s.consecutive_failures = 0
+                return
+            s.consecutive_failures += 1
+            if s.consecutive_failures >= self.failures_to_eject and s.ejected_until_ns == 0:
+                self._try_eject(s, now)
+
+    def _try_eject(self, s: _Slot, now: int) -> None:
+        mdl = self._models[s.model]
+        count = len(mdl.slots)
+        allowed = min(max(1, count * self.max_ejection_percent // 100), count - 1)
+        if mdl.ejected >= allowed:
+            return
+        if s.last_ejection_end_ns != 0 and now - s.last_ejection_end_ns > self.max_ejection_ns:
+            s.ejections = 0
+        s.ejections += 1
+        s.ejected_until_ns = now + min(self.base_ejection_ns * s.ejections, self.max_ejection_ns)
+        s.consecutive_failures = 0
+        mdl.ejected += 1
+        self.ejections_total += 1
+
+    def update(self, routes, version: int | None = None) -> None:
+        wanted = normalise_routes(routes)
+        with self._update_lock, self._lock:
+            now = self._now()
+            current = {
+                (self._model_names[s.model], self._ids[slot]): slot
+                for slot, s in enumerate(self._slots)
+                if s.model != _RETIRED
+            }
+            reusable = [
+                slot
+                for slot in range(len(self._slots) - 1, -1, -1)
+                if self._slots[slot].model == _RETIRED and self._slots[slot].in_flight == 0
+            ]
+            models = []
+            for m, (name, endpoints) in enumerate(wanted.items()):
+                mdl = _Model()
+                for endpoint_id, url in endpoints:
+                    slot = current.pop((name, endpoint_id), -1)
+                    if slot == -1:
+                        if reusable:
+                            slot = reusable.pop()
+                            self._slots[slot] = _Slot(m, now)
+                        else:
+                            slot = len(self._slots)
+                            self._slots.append(_Slot(m, now))
+                            self._ids.append(None)
+                            self._urls.append(None)
+                    s = self._slots[slot]
+                    s.model = m
+                    self._ids[slot] = endpoint_id
+                    self._urls[slot] = url
+                    mdl.slots.append(slot)
+                    if s.ejected_until_ns != 0:
+                        mdl.ejected += 1
+                models.append(mdl)
+            for slot in current.values():
+                self._slots[slot].model = _RETIRED
+                self._slots[slot].ejected_until_ns = 0
+                self._ids[slot] = None
+                self._urls[slot] = None
+            self._models = models
+            self._model_names = list(wanted)
+            self._model_index = {name: m for m, name in enumerate(wanted)}
+            self.version = self.version + 1 if version is None else version
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            t0 = time.monotonic_ns()
+            now = self._now()
+            raw = [
+                (self._ids[slot], s.model, s.in_flight, s.last_used_ns, s.watched_since_ns)
+                for slot, s in enumerate(self._slots)
+            ]
+            self.last_snapshot_lock_ns = time.monotonic_ns() - t0
+        used: dict[str, float] = {}
+        watched: dict[str, float] = {}
+        for endpoint_id, model, in_flight, last_used_ns, watched_since_ns in raw:
+            if model == _RETIRED:
+                continue
+            watched[endpoint_id] = max(0.0, (now - watched_since_ns) / 1e9)
+            if in_flight > 0:
+                used[endpoint_id] = 0.0
+            elif last_used_ns != _NEVER:
+                used[endpoint_id] = max(0.0, (now - last_used_ns) / 1e9)
+        return {"used": used, "watched": watched}
+
+    def endpoint_id(self, slot: int) -> str | None:
+        return self._ids[slot]
+
+    def endpoint_url(self, slot: int) -> str | None:
+        return self._urls[slot]
+
+    def in_flight(self, slot: int) -> int:
+        with self._lock:
+            return self._slots[slot].in_flight if 0 <= slot < len(self._slots) else 0
+
+    def is_ejected(self, slot: int) -> bool:
+        with self._lock:
+            if not 0 <= slot < len(self._slots):
+                return False
+            until = self._slots[slot].ejected_until_ns
+            return until != 0 and until > self._now()
+
+    def models(self) -> list[str]:
+        return list(self._model_names)
+
+    def endpoints(self, model: str) -> list[tuple[int, str, str]]:
+        with self._lock:
+            m = self._model_index.get(model)
+            if m is None:
+                return []
+            return [(slot, self._ids[slot], self._urls[slot]) for slot in self._models[m].slots]
+
+    def noop(self, argument=None) -> int:
+        return 0
+
+
+def normalise_routes(routes) -> dict[str, list[tuple[str, str]]]:
+    """{model: [endpoint, ...]} -> {model: [(id, url), ...]}, refusing duplicates.
+
+    An endpoint is an (id, url) pair, a {"id", "url"} mapping, or an object with .id and .url.
+    """
+    wanted: dict[str, list[tuple[str, str]]] = {}
+    for model, endpoints in routes.items():
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model names must be non-empty strings, got {model!r}")
+        pairs = []
+        seen = set()
+        for endpoint in endpoints:
+            if isinstance(endpoint, dict):
+                endpoint_id, url = endpoint["id"], endpoint["url"]
+            elif isinstance(endpoint, tuple | list):
+                endpoint_id, url = endpoint
+            else:
+                endpoint_id, url = endpoint.id, endpoint.url
+            if endpoint_id in seen:
+                raise ValueError(f"endpoint {endpoint_id!r} appears twice in model {model!r}")
+            seen.add(endpoint_id)
+            pairs.append((str(endpoint_id), str(url)))
+        wanted[model] = pairs
+    return wanted

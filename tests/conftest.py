@@ -1,0 +1,11 @@
+import pytest
+
+from router import _fastpath, fastpath_py
+
+IMPLEMENTATIONS = {"cython": _fastpath, "python": fastpath_py}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def fastpath(request):
+    """Each fast-path test runs against the extension and against its pure-Python twin."""
+    return IMPLEMENTATIONS[request.param]

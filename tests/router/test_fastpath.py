@@ -1,0 +1,196 @@
+import threading
+
+import pytest
+
+ROUTES = {"llama": [("r1", "http://127.0.0.1:1"), ("r2", "http://127.0.0.1:2")]}
+
+
+def make(fastpath, routes=ROUTES, at=100.0, **options):
+    table = fastpath.EndpointTable(**options)
+    table._pin_clock(at)
+    table.update(routes)
+    return table
+
+
+def test_unknown_model_and_model_without_endpoints(fastpath):
+    table = make(fastpath, {"llama": [("r1", "u")], "empty": []})
+    assert table.acquire("nope") == fastpath.NO_MODEL
+    assert table.acquire("empty") == fastpath.NO_ENDPOINT
+
+
+def test_least_loaded_wins_and_ties_rotate(fastpath):
+    table = make(fastpath, {"m": [("a", "u"), ("b", "u"), ("c", "u")]})
+    first = [table.acquire("m") for _ in range(3)]
+    assert sorted(table.endpoint_id(s) for s in first) == ["a", "b", "c"]
+    table.release(first[1])
+    assert table.acquire("m") == first[1]
+    for slot in first:
+        table.release(slot)
+    table.release(first[1])
+    picks = [table.acquire("m") for _ in range(6)]
+    for slot in picks:
+        table.release(slot)
+    assert {table.endpoint_id(s) for s in picks} == {"a", "b", "c"}
+    assert all(picks.count(s) == 2 for s in set(picks))
+
+
+def test_saturated_when_every_endpoint_is_at_its_limit(fastpath):
+    table = make(fastpath, {"m": [("a", "u")]}, max_in_flight=2)
+    assert table.acquire("m") >= 0 and table.acquire("m") >= 0
+    assert table.acquire("m") == fastpath.SATURATED
+
+
+def test_ejection_after_consecutive_failures_then_expiry(fastpath):
+    table = make(fastpath, {"m": [("a", "u"), ("b", "u")]}, failures_to_eject=3, base_ejection_s=30)
+    a = next(s for s, i, _ in table.endpoints("m") if i == "a")
+    for _ in range(3):
+        table.release(a, failed=True)
+    assert table.is_ejected(a)
+    assert {table.acquire("m") for _ in range(4)} == {
+        next(s for s, i, _ in table.endpoints("m") if i == "b")
+    }
+    table._pin_clock(131.0)
+    assert not table.is_ejected(a)
+    picked = {table.acquire("m") for _ in range(4)}
+    assert a in picked
+
+
+def test_a_success_resets_the_failure_streak(fastpath):
+    table = make(fastpath, {"m": [("a", "u"), ("b", "u")]}, failures_to_eject=3)
+    a = table.endpoints("m")[0][0]
+    for failed in (True, True, False, True, True):
+        table.release(a, failed=failed)
+    assert not table.is_ejected(a)
+
+
+def test_ejection_time_grows_with_repeats_and_is_capped(fastpath):
+    table = make(
+        fastpath,
+        {"m": [("a", "u"), ("b", "u")]},
+        failures_to_eject=1,
+        base_ejection_s=10,
+        max_ejection_s=25,
+    )
+    a = table.endpoints("m")[0][0]
+    now = 100.0
+    for expected in (10, 20, 25):
+        table._pin_clock(now)
+        table.release(a, failed=True)
+        table._pin_clock(now + expected - 0.5)
+        assert table.is_ejected(a)
+        table._pin_clock(now + expected + 0.5)
+        assert not table.is_ejected(a)
+        table.acquire("m")  # lifts the expired ejection
+        now += expected + 1
+
+
+def test_never_ejects_the_last_endpoint_nor_more_than_the_share(fastpath):
+    single = make(fastpath, {"m": [("a", "u")]}, failures_to_eject=1)
+    single.release(0, failed=True)
+    assert not single.is_ejected(0)
+    four = make(
+        fastpath,
+        {"m": [(str(i), "u") for i in range(4)]},
+        failures_to_eject=1,
+        max_ejection_percent=50,
+    )
+    for slot, _, _ in four.endpoints("m"):
+        four.release(slot, failed=True)
+    assert sum(four.is_ejected(s) for s, _, _ in four.endpoints("m")) == 2
+    assert four.acquire("m") >= 0
+
+
+def test_update_keeps_survivors_and_retires_removed(fastpath):
+    table = make(fastpath)
+    s1 = table.acquire("llama")
+    r1 = table.endpoint_id(s1)
+    table._pin_clock(103.0)
+    table.update({"llama": [(r1, "http://127.0.0.1:1"), ("r3", "http://127.0.0.1:3")]})
+    assert table.in_flight(s1) == 1
+    assert dict((i, s) for s, i, _ in table.endpoints("llama"))[r1] == s1
+    table._pin_clock(105.0)
+    snap = table.snapshot()
+    assert snap["used"] == {r1: 0.0}
+    assert snap["watched"] == {r1: 5.0, "r3": 2.0}
+
+
+def test_release_of_a_removed_endpoint_is_safe(fastpath):
+    table = make(fastpath)
+    slot = table.acquire("llama")
+    table.update({"other": [("x", "u")]})
+    table.release(slot, failed=True)
+    assert table.in_flight(slot) == 0
+    assert table.acquire("llama") == fastpath.NO_MODEL
+    table.release(10_000)
+    table.release(-1)
+
+
+def test_snapshot_used_versus_watched(fastpath):
+    table = make(fastpath, at=100.0)
+    slot = table.acquire("llama")
+    table._pin_clock(103.0)
+    snap = table.snapshot()
+    used_id = table.endpoint_id(slot)
+    assert snap["used"] == {used_id: 0.0}, "in flight means in use now"
+    table.release(slot)
+    table._pin_clock(110.0)
+    snap = table.snapshot()
+    assert snap["used"] == {used_id: 7.0}
+    assert snap["watched"] == {"r1": 10.0, "r2": 10.0}
+
+
+def test_never_used_endpoints_are_absent_from_used(fastpath):
+    table = make(fastpath)
+    table._pin_clock(500.0)
+    assert table.snapshot()["used"] == {}
+    assert set(table.snapshot()["watched"]) == {"r1", "r2"}
+
+
+def test_duplicate_endpoint_is_refused_and_the_table_is_kept(fastpath):
+    table = make(fastpath)
+    with pytest.raises(ValueError, match="twice"):
+        table.update({"llama": [("r1", "u"), ("r1", "v")]})
+    assert [i for _, i, _ in table.endpoints("llama")] == ["r1", "r2"]
+
+
+def test_version_follows_updates(fastpath):
+    table = make(fastpath)
+    table.update(ROUTES, version=42)
+    assert table.version == 42
+
+
+def test_threads_acquire_release_while_another_updates_and_snapshots(fastpath):
+    table = fastpath.EndpointTable()
+    table.update({"m": [(f"e{i}", "u") for i in range(8)]})
+    stop = threading.Event()
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(20_000):
+                slot = table.acquire("m")
+                if slot >= 0:
+                    table.release(slot)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def churn():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            table.update({"m": [(f"e{(i + k) % 12}", "u") for k in range(8)]})
+            table.snapshot()
+
+    updater = threading.Thread(target=churn)
+    updater.start()
+    workers = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    stop.set()
+    updater.join()
+    assert not errors
+    for slot, _, _ in table.endpoints("m"):
+        assert table.in_flight(slot) == 0
+    assert all(v == 0.0 or v > 0 for v in table.snapshot()["used"].values())
