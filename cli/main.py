@@ -1,0 +1,17 @@
+"""`gpuctl`: the operator CLI of gpufleet. One module per command, registered here."""
+
+import click
+
+from cli.cmd_sim_engine import sim_engine
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def gpuctl():
+    """Operate a gpufleet: status, nodes, replicas, models, and the daemons themselves."""
+
+
+gpuctl.add_command(sim_engine)
+
+
+def main() -> None:
+    gpuctl(auto_envvar_prefix="GPUCTL")

@@ -1,0 +1,46 @@
+"""Error answers in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+import orjson
+
+REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    408: b"Request Timeout",
+    413: b"Payload Too Large",
+    431: b"Request Header Fields Too Large",
+    499: b"Client Closed Request",
+    500: b"Internal Server Error",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+}
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    431: "invalid_request_error",
+    502: "upstream_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None):
+    kind = ERROR_TYPES.get(status, "server_error")
+    return orjson.dumps(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    )
+
+
+def sse_error_event(message: str) -> bytes:
+    """What a stream that broke after its first byte ends with, before `data: [DONE]`."""
+    event = {"error": {"message": message, "type": "upstream_error", "param": None,
+                       "code": "upstream_disconnected"}}
+    return b"data: " + orjson.dumps(event) + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,88 @@
+"""Where the routing table comes from: static flags or a file, or the control plane.
+
+The route watcher long-polls `GET /v1/routes?after=VERSION` and feeds every new table to the
+EndpointSink (the EndpointTable). When the control plane cannot be reached it keeps the last
+table and tries again with a growing pause: requests never wait on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import yaml
+
+log = logging.getLogger("gpurouter.routes")
+
+
+def static_routes(backends: list[str], routes_file: str | None) -> dict[str, list[tuple[str, str]]]:
+    """Routes from `--backend MODEL=URL` flags and a YAML file of {model: [url | {id, url}]}."""
+    routes: dict[str, list[tuple[str, str]]] = {}
+    if routes_file:
+        with open(routes_file) as f:
+            loaded = yaml.safe_load(f) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{routes_file}: expected a mapping of model to a list of URLs")
+        loaded = loaded.get("models", loaded)
+        for model, endpoints in loaded.items():
+            if not isinstance(endpoints, list):
+                raise ValueError(f"{routes_file}: model {model!r} needs a list of endpoints")
+            for endpoint in endpoints:
+                if isinstance(endpoint, dict):
+                    routes.setdefault(str(model), []).append(
+                        (str(endpoint.get("id") or endpoint["url"]), str(endpoint["url"])))
+                else:
+                    routes.setdefault(str(model), []).append((str(endpoint), str(endpoint)))
+    for flag in backends:
+        model, sep, url = flag.partition("=")
+        if not sep or not model or not url.startswith("http://"):
+            raise ValueError(f"--backend takes MODEL=http://HOST:PORT, got {flag!r}")
+        routes.setdefault(model, []).append((url, url.rstrip("/")))
+    for model, endpoints in routes.items():
+        routes[model] = [(endpoint_id, url.rstrip("/")) for endpoint_id, url in endpoints]
+    return routes
+
+
+class RouteWatcher:
+    """Follows the control plane's routing table and applies each version to `sink`."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, sink, token: str | None,
+                 wait_s: float = 30.0, on_update=None) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.sink = sink
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.wait_s = wait_s
+        self.version = -1
+        self.on_update = on_update
+        self.connected = asyncio.Event()
+
+    async def run(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                url = f"{self.base_url}/v1/routes?after={self.version}&wait={self.wait_s}"
+                timeout = aiohttp.ClientTimeout(total=self.wait_s + 10)
+                async with self.session.get(url, headers=self.headers, timeout=timeout) as resp:
+                    if resp.status != 200:
+                        raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                    table = await resp.json()
+                backoff = 0.2
+                self.connected.set()
+                if table["version"] != self.version:
+                    self.apply(table)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the control plane may be down: keep the last table
+                log.warning("route watch failed (%s); serving version %s", exc, self.version)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def apply(self, table: dict) -> None:
+        routes = {model: [(e["id"], e["url"]) for e in endpoints]
+                  for model, endpoints in table["routes"].items()}
+        self.sink.update(routes, version=table["version"])
+        self.version = table["version"]
+        if self.on_update is not None:
+            self.on_update()

@@ -1,0 +1,107 @@
+"""gpurouter's lifecycle, top to bottom: start, tick, drain on SIGTERM, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from router.activity import ActivityReporter
+from router.fastpath import EndpointTable
+from router.proxy import ClientConnection, ProxyConfig, ProxyContext
+from router.routes import RouteWatcher
+
+log = logging.getLogger("gpurouter")
+
+
+@dataclass
+class RouterSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    static_routes: dict = field(default_factory=dict)
+    control_plane: str | None = None
+    token: str | None = None
+    router_id: str = ""
+    tick_s: float = 2.0
+    drain_s: float = 30.0
+    reuse_port: bool = False
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+
+
+class RouterServer:
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.table = EndpointTable()
+        if settings.static_routes:
+            self.table.update(settings.static_routes)
+        self.router_id = settings.router_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.stopping = asyncio.Event()
+
+    async def serve(self) -> None:
+        settings = self.settings
+        loop = asyncio.get_running_loop()
+        ctx = ProxyContext(self.table, settings.proxy)
+        server = await loop.create_server(
+            lambda: ClientConnection(ctx), settings.host, settings.port,
+            reuse_port=settings.reuse_port, backlog=2048,
+        )
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stopping.set)
+        log.info("gpurouter %s listening on http://%s:%d", self.router_id, settings.host,
+                 settings.port)
+        session = aiohttp.ClientSession() if settings.control_plane else None
+        tasks = [asyncio.create_task(self.tick(ctx, session))]
+        if session is not None:
+            watcher = RouteWatcher(session, settings.control_plane, self.table, settings.token)
+            tasks.append(asyncio.create_task(watcher.run()))
+        try:
+            await self.stopping.wait()
+        finally:
+            server.close()
+            await self.drain(ctx)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for conn in list(ctx.connections):
+                conn.close()
+            for pool in ctx.pools.values():
+                pool.close()
+            if session is not None:
+                await session.close()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+
+    async def tick(self, ctx: ProxyContext, session) -> None:
+        reporter = None
+        if session is not None:
+            reporter = ActivityReporter(session, self.settings.control_plane, self.router_id,
+                                        self.table, self.settings.token)
+        loop = asyncio.get_running_loop()
+        next_report = loop.time()
+        while True:
+            ctx.sweep()
+            if loop.time() >= next_report:
+                next_report = loop.time() + self.settings.tick_s
+                ctx.drop_unused_pools()
+                if reporter is not None:
+                    asyncio.create_task(reporter.report())
+            await asyncio.sleep(min(1.0, self.settings.tick_s))
+
+    async def drain(self, ctx: ProxyContext) -> None:
+        """Let requests in flight finish, up to the drain deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_s
+        for conn in list(ctx.connections):
+            if conn.exchange is None:
+                conn.close()
+            else:
+                conn.keep_alive = False
+        while ctx.in_flight() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if ctx.in_flight():
+            log.warning("drain deadline passed with %d request(s) in flight", ctx.in_flight())

@@ -1,0 +1,178 @@
+"""Pooled keep-alive HTTP/1.1 connections to replicas, parsed with httptools.
+
+An `UpstreamConnection` carries one exchange at a time and reports what it parses to a
+listener (the client connection that sent the request); when the answer is complete and the
+replica allows keep-alive, the connection goes back to its pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class ResponseListener(Protocol):
+    def upstream_headers(self, status: int, reason: bytes, headers: list) -> None: ...
+    def upstream_body(self, data: bytes) -> None: ...
+    def upstream_complete(self, reusable: bool) -> None: ...
+    def upstream_lost(self, reason: str) -> None: ...
+
+
+class UpstreamConnection(asyncio.Protocol):
+    __slots__ = ("pool", "transport", "parser", "listener", "headers", "reason", "closed",
+                 "received_any")
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.listener: ResponseListener | None = None
+        self.headers: list = []
+        self.reason = b""
+        self.closed = False
+        self.received_any = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, listener: ResponseListener, request: bytes) -> None:
+        self.listener = listener
+        self.received_any = False
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        self.received_any = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.abort("invalid HTTP from upstream")
+
+    def on_message_begin(self) -> None:
+        self.headers = []
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.listener is not None:
+            self.listener.upstream_headers(self.parser.get_status_code(), self.reason, self.headers)
+        self.reason = b""
+
+    def on_body(self, body: bytes) -> None:
+        if self.listener is not None:
+            self.listener.upstream_body(body)
+
+    def on_message_complete(self) -> None:
+        listener, self.listener = self.listener, None
+        reusable = self.parser.should_keep_alive() and not self.closed
+        if listener is not None:
+            listener.upstream_complete(reusable)
+        if reusable:
+            self.pool.put_back(self)
+        else:
+            self.close()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.listener is None:
+            return
+        try:
+            # A close-delimited body ends with the connection: this completes it.
+            self.parser.feed_eof()
+        except httptools.HttpParserError:
+            pass
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.upstream_lost("connection reset" if exc else "connection closed")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def abort(self, reason: str) -> None:
+        """Drop the connection now; the listener hears `reason`."""
+        listener, self.listener = self.listener, None
+        self.closed = True
+        self.pool.forget(self)
+        if self.transport is not None:
+            self.transport.abort()
+        if listener is not None:
+            listener.upstream_lost(reason)
+
+    def detach(self) -> None:
+        """The client went away: drop the connection so the engine stops generating."""
+        self.listener = None
+        self.closed = True
+        self.pool.forget(self)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause_reading(self) -> None:
+        if not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if not self.closed:
+            self.transport.resume_reading()
+
+
+class UpstreamPool:
+    """Idle keep-alive connections to one replica."""
+
+    def __init__(self, url: str, connect_timeout: float, max_idle: int = 256) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"only http:// upstreams are supported, got {url!r}")
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.host_header = f"{self.host}:{self.port}".encode()
+        self.path_prefix = parts.path.rstrip("/").encode()
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self.idle: list[UpstreamConnection] = []
+        self.open: set[UpstreamConnection] = set()
+
+    def take_idle(self) -> UpstreamConnection | None:
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    async def connect(self) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port),
+            self.connect_timeout,
+        )
+        self.open.add(conn)
+        return conn
+
+    def put_back(self, conn: UpstreamConnection) -> None:
+        if len(self.idle) < self.max_idle:
+            self.idle.append(conn)
+        else:
+            conn.close()
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        self.open.discard(conn)
+        if conn in self.idle:
+            self.idle.remove(conn)
+
+    def close(self) -> None:
+        for conn in list(self.open):
+            conn.close()
+        self.idle.clear()

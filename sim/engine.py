@@ -1,0 +1,279 @@
+"""A fake OpenAI-compatible engine: real HTTP, simulated generation.
+
+It answers the paths vLLM and SGLang answer (`/v1/chat/completions`, `/v1/completions`,
+`/v1/embeddings`, `/v1/models`, `/health`, `/metrics`) with a configurable time to first token,
+token rate and output length, and injects faults on demand: errors, hangs, streams cut in the
+middle, an unhealthy `/health`. Faults can be changed while it runs with `POST /sim/faults`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+
+import orjson
+from aiohttp import web
+
+WORDS = ("the", "fleet", "serves", "many", "models", "on", "few", "cards", "and", "routes", "well")
+
+
+@dataclass
+class Faults:
+    error_rate: float = 0.0  # share of completions answered 500
+    hang: bool = False  # accept completions and never answer
+    close_after_tokens: int = -1  # cut each stream after this many tokens (-1: never)
+    unhealthy: bool = False  # /health answers 503
+
+    def update(self, changes: dict) -> None:
+        known = {f.name: f.type for f in fields(self)}
+        for name, value in changes.items():
+            if name not in known:
+                raise ValueError(f"unknown fault {name!r}; known: {', '.join(known)}")
+            setattr(self, name, type(getattr(self, name))(value))
+
+
+@dataclass
+class EngineSettings:
+    models: list[str]
+    ttft_s: float = 0.0
+    tokens_per_s: float = 0.0  # 0: as fast as possible
+    output_tokens: int = 16
+    faults: Faults = field(default_factory=Faults)
+
+
+class SimEngine:
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.running = 0
+        self.requests_total = 0
+        self.cancelled_total = 0
+        self.started = time.time()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors_as_json])
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/sim/faults", self.get_faults)
+        app.router.add_post("/sim/faults", self.set_faults)
+        return app
+
+    async def _body(self, request: web.Request) -> dict:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise _error(400, f"invalid JSON body: {exc}") from None
+        if not isinstance(body, dict):
+            raise _error(400, "the body must be a JSON object")
+        model = body.get("model")
+        if model not in self.settings.models:
+            raise _error(404, f"The model `{model}` does not exist.", code="model_not_found")
+        return body
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await self._body(request)
+        faults = self.settings.faults
+        self.requests_total += 1
+        if faults.hang:
+            await asyncio.Event().wait()
+        if faults.error_rate and random.random() < faults.error_rate:
+            raise _error(500, "simulated engine failure", kind="server_error")
+        n_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
+        n_tokens = min(n_tokens, self.settings.output_tokens) if n_tokens else self.settings.output_tokens
+        self.running += 1
+        try:
+            if body.get("stream"):
+                return await self._stream(request, body, chat, n_tokens)
+            await self._wait_generation(n_tokens)
+            return _json_response(self._completion(body, chat, n_tokens))
+        except asyncio.CancelledError:
+            self.cancelled_total += 1
+            raise
+        finally:
+            self.running -= 1
+
+    async def _wait_generation(self, n_tokens: int) -> None:
+        delay = self.settings.ttft_s
+        if self.settings.tokens_per_s > 0:
+            delay += n_tokens / self.settings.tokens_per_s
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _stream(self, request, body, chat, n_tokens) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if self.settings.ttft_s > 0:
+            await asyncio.sleep(self.settings.ttft_s)
+        completion_id = _new_id(chat)
+        created = int(time.time())
+        gap = 1 / self.settings.tokens_per_s if self.settings.tokens_per_s > 0 else 0
+        cut = self.settings.faults.close_after_tokens
+        for i in range(n_tokens):
+            if cut >= 0 and i >= cut:
+                request.transport.abort()
+                return response
+            word = WORDS[i % len(WORDS)] + " "
+            chunk = _chunk(completion_id, created, body["model"], chat, word, None)
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            if gap:
+                await asyncio.sleep(gap)
+        final = _chunk(completion_id, created, body["model"], chat, "", "length")
+        await response.write(b"data: " + orjson.dumps(final) + b"\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {
+                "id": completion_id,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created,
+                "model": body["model"],
+                "choices": [],
+                "usage": _usage(body, n_tokens),
+            }
+            await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _completion(self, body: dict, chat: bool, n_tokens: int) -> dict:
+        text = " ".join(WORDS[i % len(WORDS)] for i in range(n_tokens))
+        if chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "length",
+            }
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+        return {
+            "id": _new_id(chat),
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [choice],
+            "usage": _usage(body, n_tokens),
+        }
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        inputs = body.get("input")
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [0.0, 0.5, 1.0]}
+            for i in range(len(inputs))
+        ]
+        usage = {"prompt_tokens": len(inputs), "total_tokens": len(inputs)}
+        return _json_response(
+            {"object": "list", "data": data, "model": body["model"], "usage": usage}
+        )
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": m, "object": "model", "created": int(self.started), "owned_by": "gpufleet-sim"}
+            for m in self.settings.models
+        ]
+        return _json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.settings.faults.unhealthy:
+            return web.Response(status=503, text="unhealthy")
+        return web.Response(text="")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        lines = [
+            "# HELP vllm:num_requests_running Requests running on the engine.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running {self.running}",
+            "# HELP vllm:num_requests_waiting Requests waiting to be scheduled.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            "vllm:num_requests_waiting 0",
+            "# HELP vllm:request_success_total Finished requests.",
+            "# TYPE vllm:request_success_total counter",
+            f"vllm:request_success_total {self.requests_total}",
+            "# HELP gpufleet_sim_cancelled_total Requests whose client went away.",
+            "# TYPE gpufleet_sim_cancelled_total counter",
+            f"gpufleet_sim_cancelled_total {self.cancelled_total}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return _json_response(asdict(self.settings.faults))
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        try:
+            self.settings.faults.update(orjson.loads(await request.read()))
+        except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
+            raise _error(400, str(exc)) from None
+        return _json_response(asdict(self.settings.faults))
+
+
+def _new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def _usage(body: dict, n_tokens: int) -> dict:
+    prompt = len(orjson.dumps(body.get("messages") or body.get("prompt") or "")) // 4
+    return {"prompt_tokens": prompt, "completion_tokens": n_tokens, "total_tokens": prompt + n_tokens}
+
+
+def _chunk(completion_id, created, model, chat, text, finish_reason) -> dict:
+    if chat:
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish_reason}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        kind = "text_completion"
+    return {"id": completion_id, "object": kind, "created": created, "model": model,
+            "choices": [choice]}
+
+
+def _json_response(payload: dict, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", code=None):
+    payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return _HTTPError(status, payload)
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, payload: dict) -> None:
+        super().__init__(payload["error"]["message"])
+        self.status = status
+        self.payload = payload
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except _HTTPError as exc:
+        return _json_response(exc.payload, status=exc.status)
+
+
+async def serve(settings: EngineSettings, host: str, port: int, ready=None) -> None:
+    """Serve until cancelled or SIGTERM/SIGINT."""
+    runner = web.AppRunner(SimEngine(settings).app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    if ready is not None:
+        ready()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
