@@ -14,16 +14,36 @@ from sim.engine import EngineSettings, Faults, serve
 @click.option("--output-tokens", default=16, show_default=True)
 @click.option("--error-rate", default=0.0, show_default=True, help="Share answered 500.")
 @click.option("--hang", is_flag=True, help="Accept completions, never answer.")
-@click.option("--close-after-tokens", default=-1, show_default=True,
-              help="Cut streams after this many tokens (-1: never).")
+@click.option(
+    "--close-after-tokens",
+    default=-1,
+    show_default=True,
+    help="Cut streams after this many tokens (-1: never).",
+)
 @click.option("--unhealthy", is_flag=True, help="/health answers 503.")
-def sim_engine(host, port, models, ttft_s, tokens_per_s, output_tokens, error_rate, hang,
-               close_after_tokens, unhealthy):
+def sim_engine(
+    host,
+    port,
+    models,
+    ttft_s,
+    tokens_per_s,
+    output_tokens,
+    error_rate,
+    hang,
+    close_after_tokens,
+    unhealthy,
+):
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
 
-    faults = Faults(error_rate=error_rate, hang=hang, close_after_tokens=close_after_tokens,
-                    unhealthy=unhealthy)
-    settings = EngineSettings(models=list(models), ttft_s=ttft_s, tokens_per_s=tokens_per_s,
-                              output_tokens=output_tokens, faults=faults)
+    faults = Faults(
+        error_rate=error_rate, hang=hang, close_after_tokens=close_after_tokens, unhealthy=unhealthy
+    )
+    settings = EngineSettings(
+        models=list(models),
+        ttft_s=ttft_s,
+        tokens_per_s=tokens_per_s,
+        output_tokens=output_tokens,
+        faults=faults,
+    )
     uvloop.run(serve(settings, host, port))

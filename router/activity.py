@@ -23,8 +23,14 @@ def activity_report(router_id: str, started: float, table) -> dict:
 
 
 class ActivityReporter:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, router_id: str,
-                 table, token: str | None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        router_id: str,
+        table,
+        token: str | None,
+    ) -> None:
         self.session = session
         self.url = base_url.rstrip("/") + "/v1/activity"
         self.router_id = router_id
@@ -39,8 +45,9 @@ class ActivityReporter:
         body = orjson.dumps(activity_report(self.router_id, self.started, self.table))
         try:
             timeout = aiohttp.ClientTimeout(total=5)
-            async with self.session.post(self.url, data=body, headers=self.headers,
-                                         timeout=timeout) as resp:
+            async with self.session.post(
+                self.url, data=body, headers=self.headers, timeout=timeout
+            ) as resp:
                 if resp.status >= 300:
                     raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
             self.failures = 0

@@ -34,13 +34,17 @@ ERROR_TYPES = {
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None):
     kind = ERROR_TYPES.get(status, "server_error")
-    return orjson.dumps(
-        {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    )
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 def sse_error_event(message: str) -> bytes:
     """What a stream that broke after its first byte ends with, before `data: [DONE]`."""
-    event = {"error": {"message": message, "type": "upstream_error", "param": None,
-                       "code": "upstream_disconnected"}}
+    event = {
+        "error": {
+            "message": message,
+            "type": "upstream_error",
+            "param": None,
+            "code": "upstream_disconnected",
+        }
+    }
     return b"data: " + orjson.dumps(event) + b"\n\ndata: [DONE]\n\n"

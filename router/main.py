@@ -28,35 +28,85 @@ def read_secret(path: str | None) -> str | None:
         return f.read().strip() or None
 
 
-@click.command(context_settings={"auto_envvar_prefix": "GPUROUTER",
-                                 "help_option_names": ["-h", "--help"]})
+@click.command(
+    context_settings={"auto_envvar_prefix": "GPUROUTER", "help_option_names": ["-h", "--help"]}
+)
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve.")
-@click.option("--backend", "backends", multiple=True, metavar="MODEL=URL",
-              help="A static endpoint (repeatable); no control plane needed.")
-@click.option("--routes", "routes_file", type=click.Path(exists=True, dir_okay=False),
-              help="YAML file of {model: [url, ...]}.")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    metavar="MODEL=URL",
+    help="A static endpoint (repeatable); no control plane needed.",
+)
+@click.option(
+    "--routes",
+    "routes_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="YAML file of {model: [url, ...]}.",
+)
 @click.option("--control-plane", metavar="URL", help="Follow this control plane's routes.")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
-              help="Router token for the control plane.")
-@click.option("--api-keys-file", type=click.Path(exists=True, dir_okay=False),
-              help="Accepted client API keys, one a line; none: no key needed.")
-@click.option("--tick", "tick_s", default=2.0, show_default=True, help="Activity report period (s).")
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Router token for the control plane.",
+)
+@click.option(
+    "--api-keys-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Accepted client API keys, one a line; none: no key needed.",
+)
+@click.option(
+    "--tick", "tick_s", default=2.0, show_default=True, help="Activity report period (s)."
+)
 @click.option("--workers", default=1, show_default=True, help="Processes sharing the port.")
 @click.option("--router-id", default="", help="Name in activity reports (default host-pid).")
 @click.option("--max-body", "max_body_bytes", default=32 * 1024 * 1024, show_default=True)
 @click.option("--connect-timeout", default=5.0, show_default=True)
-@click.option("--first-byte-timeout", default=600.0, show_default=True,
-              help="Upstream time to first byte (prefill can take minutes).")
-@click.option("--idle-timeout", default=120.0, show_default=True,
-              help="Upstream silence allowed between two chunks.")
-@click.option("--client-timeout", default=30.0, show_default=True,
-              help="Time a client has to send headers and body (then 408).")
-@click.option("--drain", "drain_s", default=30.0, show_default=True,
-              help="On SIGTERM, how long in-flight requests may take to finish.")
+@click.option(
+    "--first-byte-timeout",
+    default=600.0,
+    show_default=True,
+    help="Upstream time to first byte (prefill can take minutes).",
+)
+@click.option(
+    "--idle-timeout",
+    default=120.0,
+    show_default=True,
+    help="Upstream silence allowed between two chunks.",
+)
+@click.option(
+    "--client-timeout",
+    default=30.0,
+    show_default=True,
+    help="Time a client has to send headers and body (then 408).",
+)
+@click.option(
+    "--drain",
+    "drain_s",
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM, how long in-flight requests may take to finish.",
+)
 @click.option("--log-level", default="info", show_default=True)
-def main(listen, backends, routes_file, control_plane, token_file, api_keys_file, tick_s,
-         workers, router_id, max_body_bytes, connect_timeout, first_byte_timeout, idle_timeout,
-         client_timeout, drain_s, log_level) -> None:
+def main(
+    listen,
+    backends,
+    routes_file,
+    control_plane,
+    token_file,
+    api_keys_file,
+    tick_s,
+    workers,
+    router_id,
+    max_body_bytes,
+    connect_timeout,
+    first_byte_timeout,
+    idle_timeout,
+    client_timeout,
+    drain_s,
+    log_level,
+) -> None:
     """The gpufleet data plane: an OpenAI-compatible reverse proxy in front of model replicas."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     host, port = parse_listen(listen)
@@ -71,12 +121,23 @@ def main(listen, backends, routes_file, control_plane, token_file, api_keys_file
         with open(api_keys_file) as f:
             api_keys = tuple(line.strip().encode() for line in f if line.strip())
     settings = RouterSettings(
-        host=host, port=port, static_routes=routes, control_plane=control_plane,
-        token=read_secret(token_file), router_id=router_id, tick_s=tick_s, drain_s=drain_s,
+        host=host,
+        port=port,
+        static_routes=routes,
+        control_plane=control_plane,
+        token=read_secret(token_file),
+        router_id=router_id,
+        tick_s=tick_s,
+        drain_s=drain_s,
         reuse_port=workers > 1,
-        proxy=ProxyConfig(max_body_bytes=max_body_bytes, connect_timeout_s=connect_timeout,
-                          first_byte_timeout_s=first_byte_timeout, idle_timeout_s=idle_timeout,
-                          client_timeout_s=client_timeout, api_keys=api_keys),
+        proxy=ProxyConfig(
+            max_body_bytes=max_body_bytes,
+            connect_timeout_s=connect_timeout,
+            first_byte_timeout_s=first_byte_timeout,
+            idle_timeout_s=idle_timeout,
+            client_timeout_s=client_timeout,
+            api_keys=api_keys,
+        ),
     )
     if workers <= 1:
         sys.exit(run(settings))

@@ -25,10 +25,20 @@ from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.metrics import RouterMetrics
 from router.upstream import UpstreamConnection, UpstreamPool
 
-HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection",
-})
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-connection",
+    }
+)
 NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"x-forwarded-for", b"x-request-id"}
 NOT_RELAYED = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 JSON = b"application/json"
@@ -223,16 +233,19 @@ class ClientConnection(asyncio.Protocol):
             table = self.ctx.table
             endpoints = sum(len(table.endpoints(m)) for m in table.models())
             text = self.ctx.metrics.render(table.ejections_total, endpoints)
-            return self.respond(200, text, content_type=b"text/plain; version=0.0.4",
-                                request_id=request_id)
+            return self.respond(
+                200, text, content_type=b"text/plain; version=0.0.4", request_id=request_id
+            )
         if not self.ctx.authorised(headers):
-            return self.respond_error(401, "invalid or missing API key", request_id,
-                                      code="invalid_api_key")
+            return self.respond_error(
+                401, "invalid or missing API key", request_id, code="invalid_api_key"
+            )
         if path.startswith(b"/v1/models") and method == b"GET":
             return self.list_models(path, request_id)
         if not path.startswith(b"/v1/"):
-            return self.respond_error(404, f"no route for {path.decode(errors='replace')}",
-                                      request_id)
+            return self.respond_error(
+                404, f"no route for {path.decode(errors='replace')}", request_id
+            )
         if method != b"POST":
             return self.respond_error(405, "use POST for this path", request_id)
         try:
@@ -251,26 +264,46 @@ class ClientConnection(asyncio.Protocol):
         names = self.ctx.table.models()
         cards = [{"id": n, "object": "model", "created": 0, "owned_by": "gpufleet"} for n in names]
         if path.rstrip(b"/") == b"/v1/models":
-            return self.respond(200, orjson.dumps({"object": "list", "data": cards}),
-                                request_id=request_id)
-        wanted = path[len(b"/v1/models/"):].decode(errors="replace")
+            return self.respond(
+                200, orjson.dumps({"object": "list", "data": cards}), request_id=request_id
+            )
+        wanted = path[len(b"/v1/models/") :].decode(errors="replace")
         for card in cards:
             if card["id"] == wanted:
                 return self.respond(200, orjson.dumps(card), request_id=request_id)
-        self.respond_error(404, f"The model `{wanted}` does not exist.", request_id,
-                           code="model_not_found")
+        self.respond_error(
+            404, f"The model `{wanted}` does not exist.", request_id, code="model_not_found"
+        )
 
-    def respond_error(self, status: int, message: str, request_id: bytes, code=None, param=None,
-                      extra: bytes = b"") -> None:
-        self.respond(status, error_body(status, message, code, param), request_id=request_id,
-                     extra=extra)
+    def respond_error(
+        self,
+        status: int,
+        message: str,
+        request_id: bytes,
+        code=None,
+        param=None,
+        extra: bytes = b"",
+    ) -> None:
+        self.respond(
+            status, error_body(status, message, code, param), request_id=request_id, extra=extra
+        )
 
-    def respond(self, status: int, body: bytes, content_type: bytes = JSON,
-                request_id: bytes = b"", extra: bytes = b"") -> None:
+    def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = JSON,
+        request_id: bytes = b"",
+        extra: bytes = b"",
+    ) -> None:
         if self.closed:
             return
         head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
-            status, REASONS.get(status, b"Unknown"), content_type, len(body))
+            status,
+            REASONS.get(status, b"Unknown"),
+            content_type,
+            len(body),
+        )
         if request_id:
             head += b"x-request-id: " + request_id + b"\r\n"
         if not self.keep_alive:
@@ -317,9 +350,27 @@ class ClientConnection(asyncio.Protocol):
 class Exchange:
     """One inference request on its way through a replica and back."""
 
-    __slots__ = ("client", "ctx", "model", "method", "url", "header_list", "headers", "body",
-                 "request_id", "started", "slot", "upstream", "tries", "sent_to_client",
-                 "chunked", "sse", "status", "deadline", "done")
+    __slots__ = (
+        "client",
+        "ctx",
+        "model",
+        "method",
+        "url",
+        "header_list",
+        "headers",
+        "body",
+        "request_id",
+        "started",
+        "slot",
+        "upstream",
+        "tries",
+        "sent_to_client",
+        "chunked",
+        "sse",
+        "status",
+        "deadline",
+        "done",
+    )
 
     def __init__(self, client, model, method, url, header_list, headers, body, request_id):
         self.client = client
@@ -358,12 +409,14 @@ class Exchange:
 
     def refuse_unroutable(self, result: int) -> None:
         if result == NO_MODEL:
-            self.finish_with_error(404, f"The model `{self.model}` does not exist.",
-                                   code="model_not_found")
+            self.finish_with_error(
+                404, f"The model `{self.model}` does not exist.", code="model_not_found"
+            )
         elif result in (NO_ENDPOINT, SATURATED):
             why = "is saturated" if result == SATURATED else "has no ready replica"
-            self.finish_with_error(503, f"model `{self.model}` {why}; retry later",
-                                   extra=b"retry-after: 1\r\n")
+            self.finish_with_error(
+                503, f"model `{self.model}` {why}; retry later", extra=b"retry-after: 1\r\n"
+            )
 
     async def connect(self, pool: UpstreamPool) -> None:
         try:
@@ -382,16 +435,27 @@ class Exchange:
         conn.send(self, self.request_bytes(pool))
 
     def request_bytes(self, pool: UpstreamPool) -> bytes:
-        parts = [self.method, b" ", pool.path_prefix + self.url, b" HTTP/1.1\r\nhost: ",
-                 pool.host_header, b"\r\n"]
+        parts = [
+            self.method,
+            b" ",
+            pool.path_prefix + self.url,
+            b" HTTP/1.1\r\nhost: ",
+            pool.host_header,
+            b"\r\n",
+        ]
         for name, value in self.header_list:
             if name not in NOT_FORWARDED:
                 parts += (name, b": ", value, b"\r\n")
         forwarded = self.headers.get(b"x-forwarded-for")
         peer = self.client.peer
-        parts += (b"x-forwarded-for: ", forwarded + b", " + peer if forwarded else peer,
-                  b"\r\nx-request-id: ", self.request_id,
-                  b"\r\ncontent-length: %d\r\n\r\n" % len(self.body), self.body)
+        parts += (
+            b"x-forwarded-for: ",
+            forwarded + b", " + peer if forwarded else peer,
+            b"\r\nx-request-id: ",
+            self.request_id,
+            b"\r\ncontent-length: %d\r\n\r\n" % len(self.body),
+            self.body,
+        )
         return b"".join(parts)
 
     # ResponseListener

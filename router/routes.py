@@ -31,7 +31,8 @@ def static_routes(backends: list[str], routes_file: str | None) -> dict[str, lis
             for endpoint in endpoints:
                 if isinstance(endpoint, dict):
                     routes.setdefault(str(model), []).append(
-                        (str(endpoint.get("id") or endpoint["url"]), str(endpoint["url"])))
+                        (str(endpoint.get("id") or endpoint["url"]), str(endpoint["url"]))
+                    )
                 else:
                     routes.setdefault(str(model), []).append((str(endpoint), str(endpoint)))
     for flag in backends:
@@ -47,8 +48,15 @@ def static_routes(backends: list[str], routes_file: str | None) -> dict[str, lis
 class RouteWatcher:
     """Follows the control plane's routing table and applies each version to `sink`."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, sink, token: str | None,
-                 wait_s: float = 30.0, on_update=None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        sink,
+        token: str | None,
+        wait_s: float = 30.0,
+        on_update=None,
+    ) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
         self.sink = sink
@@ -80,8 +88,10 @@ class RouteWatcher:
                 backoff = min(backoff * 2, 5.0)
 
     def apply(self, table: dict) -> None:
-        routes = {model: [(e["id"], e["url"]) for e in endpoints]
-                  for model, endpoints in table["routes"].items()}
+        routes = {
+            model: [(e["id"], e["url"]) for e in endpoints]
+            for model, endpoints in table["routes"].items()
+        }
         self.sink.update(routes, version=table["version"])
         self.version = table["version"]
         if self.on_update is not None:

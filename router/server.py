@@ -47,13 +47,17 @@ class RouterServer:
         loop = asyncio.get_running_loop()
         ctx = ProxyContext(self.table, settings.proxy)
         server = await loop.create_server(
-            lambda: ClientConnection(ctx), settings.host, settings.port,
-            reuse_port=settings.reuse_port, backlog=2048,
+            lambda: ClientConnection(ctx),
+            settings.host,
+            settings.port,
+            reuse_port=settings.reuse_port,
+            backlog=2048,
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
-        log.info("gpurouter %s listening on http://%s:%d", self.router_id, settings.host,
-                 settings.port)
+        log.info(
+            "gpurouter %s listening on http://%s:%d", self.router_id, settings.host, settings.port
+        )
         session = aiohttp.ClientSession() if settings.control_plane else None
         tasks = [asyncio.create_task(self.tick(ctx, session))]
         if session is not None:
@@ -79,8 +83,13 @@ class RouterServer:
     async def tick(self, ctx: ProxyContext, session) -> None:
         reporter = None
         if session is not None:
-            reporter = ActivityReporter(session, self.settings.control_plane, self.router_id,
-                                        self.table, self.settings.token)
+            reporter = ActivityReporter(
+                session,
+                self.settings.control_plane,
+                self.router_id,
+                self.table,
+                self.settings.token,
+            )
         loop = asyncio.get_running_loop()
         next_report = loop.time()
         while True:

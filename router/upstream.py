@@ -23,8 +23,16 @@ class ResponseListener(Protocol):
 
 
 class UpstreamConnection(asyncio.Protocol):
-    __slots__ = ("pool", "transport", "parser", "listener", "headers", "reason", "closed",
-                 "received_any")
+    __slots__ = (
+        "pool",
+        "transport",
+        "parser",
+        "listener",
+        "headers",
+        "reason",
+        "closed",
+        "received_any",
+    )
 
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool

@@ -92,7 +92,9 @@ class SimEngine:
         if faults.error_rate and random.random() < faults.error_rate:
             raise _error(500, "simulated engine failure", kind="server_error")
         n_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
-        n_tokens = min(n_tokens, self.settings.output_tokens) if n_tokens else self.settings.output_tokens
+        n_tokens = (
+            min(n_tokens, self.settings.output_tokens) if n_tokens else self.settings.output_tokens
+        )
         self.running += 1
         try:
             if body.get("stream"):
@@ -224,7 +226,11 @@ def _new_id(chat: bool) -> str:
 
 def _usage(body: dict, n_tokens: int) -> dict:
     prompt = len(orjson.dumps(body.get("messages") or body.get("prompt") or "")) // 4
-    return {"prompt_tokens": prompt, "completion_tokens": n_tokens, "total_tokens": prompt + n_tokens}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": n_tokens,
+        "total_tokens": prompt + n_tokens,
+    }
 
 
 def _chunk(completion_id, created, model, chat, text, finish_reason) -> dict:
@@ -234,8 +240,13 @@ def _chunk(completion_id, created, model, chat, text, finish_reason) -> dict:
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
         kind = "text_completion"
-    return {"id": completion_id, "object": kind, "created": created, "model": model,
-            "choices": [choice]}
+    return {
+        "id": completion_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
 
 
 def _json_response(payload: dict, status: int = 200) -> web.Response:
