@@ -28,6 +28,7 @@ def static_routes(backends: list[str], routes_file: str | None) -> dict[str, lis
         for model, endpoints in loaded.items():
             if not isinstance(endpoints, list):
                 raise ValueError(f"{routes_file}: model {model!r} needs a list of endpoints")
+            routes.setdefault(str(model), [])
             for endpoint in endpoints:
                 if isinstance(endpoint, dict):
                     routes.setdefault(str(model), []).append(

@@ -32,6 +32,8 @@ class UpstreamConnection(asyncio.Protocol):
         "reason",
         "closed",
         "received_any",
+        "headers_done",
+        "framed",
     )
 
     def __init__(self, pool: UpstreamPool) -> None:
@@ -43,6 +45,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.reason = b""
         self.closed = False
         self.received_any = False
+        self.headers_done = False
+        self.framed = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -64,6 +68,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.headers = []
+        self.headers_done = False
+        self.framed = False
 
     def on_status(self, reason: bytes) -> None:
         self.reason += reason
@@ -72,6 +78,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self.headers_done = True
+        self.framed = any(
+            name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers
+        )
         if self.listener is not None:
             self.listener.upstream_headers(self.parser.get_status_code(), self.reason, self.headers)
         self.reason = b""
@@ -95,11 +105,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.pool.forget(self)
         if self.listener is None:
             return
-        try:
-            # A close-delimited body ends with the connection: this completes it.
-            self.parser.feed_eof()
-        except httptools.HttpParserError:
-            pass
+        if self.headers_done and not self.framed:
+            # A body with neither length nor chunks ends with the connection: it is complete.
+            listener, self.listener = self.listener, None
+            listener.upstream_complete(False)
+            return
         listener, self.listener = self.listener, None
         if listener is not None:
             listener.upstream_lost("connection reset" if exc else "connection closed")

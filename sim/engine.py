@@ -101,7 +101,8 @@ class SimEngine:
                 return await self._stream(request, body, chat, n_tokens)
             await self._wait_generation(n_tokens)
             return _json_response(self._completion(body, chat, n_tokens))
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away: a real engine aborts the sequence and frees its KV cache.
             self.cancelled_total += 1
             raise
         finally:
@@ -275,7 +276,12 @@ async def _errors_as_json(request: web.Request, handler):
 
 async def serve(settings: EngineSettings, host: str, port: int, ready=None) -> None:
     """Serve until cancelled or SIGTERM/SIGINT."""
-    runner = web.AppRunner(SimEngine(settings).app(), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        SimEngine(settings).app(),
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+    )
     await runner.setup()
     await web.TCPSite(runner, host, port, reuse_address=True).start()
     if ready is not None:

@@ -1,0 +1,116 @@
+"""Start the real gpufleet processes on loopback ports for a test, and always stop them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
+
+
+def get(url: str, headers: dict | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def post(url: str, body: bytes, headers: dict | None = None, timeout: float = 10.0):
+    request = urllib.request.Request(url, data=body, headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
+
+
+class Processes:
+    """The processes one test started; `stop_all` ends each by its PID."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.started: list[subprocess.Popen] = []
+
+    def start(
+        self, argv: list[str], port: int | None = None, env: dict | None = None, name: str = "proc"
+    ) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}-{len(self.started)}.log", "wb")
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.Popen(
+            [str(BIN / argv[0]), *argv[1:]],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+        )
+        proc.log_path = log.name
+        self.started.append(proc)
+        if port is not None:
+            try:
+                wait_for_port(port, proc)
+            except Exception:
+                raise RuntimeError(f"{argv} failed to start:\n{self.log(proc)}") from None
+        return proc
+
+    def log(self, proc) -> str:
+        return Path(proc.log_path).read_text(errors="replace")[-4000:]
+
+    def engine(self, *models: str, **flags) -> str:
+        port = free_port()
+        argv = ["gpuctl", "sim-engine", "--port", str(port)]
+        for model in models:
+            argv += ["--model", model]
+        for flag, value in flags.items():
+            option = "--" + flag.replace("_", "-")
+            argv += [option] if value is True else [option, str(value)]
+        self.start(argv, port, name="engine")
+        return f"http://127.0.0.1:{port}"
+
+    def router(self, *args: str, port: int | None = None, env: dict | None = None):
+        port = port or free_port()
+        proc = self.start(
+            ["gpurouter", "--listen", f"127.0.0.1:{port}", *args], port, env=env, name="router"
+        )
+        return f"http://127.0.0.1:{port}", proc
+
+    @staticmethod
+    def terminate(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 10.0) -> int:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.started):
+            self.terminate(proc, timeout=5.0)
