@@ -2,6 +2,7 @@
 
 import click
 
+from cli.cmd_server import server
 from cli.cmd_sim_engine import sim_engine
 
 
@@ -11,6 +12,7 @@ def gpuctl():
 
 
 gpuctl.add_command(sim_engine)
+gpuctl.add_command(server)
 
 
 def main() -> None:

@@ -1,0 +1,62 @@
+"""`gpuctl server`: the control plane daemon."""
+
+import logging
+import sys
+
+import click
+
+from cli.paths import default_state_path
+from controlplane.server import serve
+from controlplane.tokens import load_tokens
+from router.main import parse_listen
+
+
+@click.command("server")
+@click.option("--listen", default="127.0.0.1:8081", show_default=True)
+@click.option(
+    "--state", "state_path", default=None, help="SQLite file (default: the user's state directory)."
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="One token, or YAML {admin, agent, router}; none: no token needed.",
+)
+@click.option("--tick", "tick_s", default=1.0, show_default=True, help="Reconcile period (s).")
+@click.option(
+    "--node-timeout",
+    default=15.0,
+    show_default=True,
+    help="Seconds without a heartbeat before a node is NotReady.",
+)
+@click.option(
+    "--router-live",
+    default=10.0,
+    show_default=True,
+    help="Seconds after its last report that a router still counts as live.",
+)
+@click.option("--log-level", default="info", show_default=True)
+def server(listen, state_path, token_file, tick_s, node_timeout, router_live, log_level):
+    """Run the control plane: fleet state, placement, health, idle tracking, routes."""
+    import uvloop
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    host, port = parse_listen(listen)
+    try:
+        tokens = load_tokens(token_file)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        uvloop.run(
+            serve(
+                host,
+                port,
+                state_path or str(default_state_path()),
+                tokens,
+                tick_s,
+                node_timeout,
+                router_live,
+            )
+        )
+    except OSError as exc:
+        click.echo(f"error: cannot start the control plane: {exc}", err=True)
+        sys.exit(3)

@@ -1,0 +1,372 @@
+"""The control plane's working state and the operations that change it.
+
+Every operation validates first, writes to the store, then changes memory: what fails
+validation changes nothing, and what was acknowledged survives a restart.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from controlplane.idle import IdleState, IdleTracker
+from controlplane.model import (
+    GPU,
+    HOLDING,
+    ModelSpec,
+    Node,
+    Replica,
+    ReplicaState,
+    Schedulable,
+    SpecError,
+    validate_spec,
+)
+from controlplane.store import Store
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Conflict(Exception):
+    pass
+
+
+class BadRequest(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+@dataclass
+class FleetSnapshot:
+    """One consistent view: the summary and every table are computed from the same one."""
+
+    nodes: list[Node]
+    replicas: list[Replica]
+    specs: list[ModelSpec]
+    reasons: dict[str, str]  # model -> why some replicas cannot be placed
+    idle: dict[str, tuple[float, IdleState]]
+    now: float  # wall clock
+    route_version: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopped"}
+
+
+class Fleet:
+    def __init__(
+        self, store: Store, idle: IdleTracker | None = None, clock=time.monotonic, wall=time.time
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.wall = wall
+        self.idle = idle or IdleTracker(clock=wall)
+        specs, nodes, replicas, last_used = store.load()
+        self.specs: dict[str, ModelSpec] = specs
+        self.nodes: dict[str, Node] = nodes
+        self.replicas: dict[str, Replica] = replicas
+        self.reasons: dict[str, str] = {}
+        self.idle.load(last_used)
+        started = clock()
+        for node in self.nodes.values():
+            # A restarted control plane gives every node one timeout to be heard from again.
+            node.last_heartbeat = started
+        self.changed = True  # tells the reconciler to look again
+
+    # specs
+
+    def apply(self, body) -> tuple[ModelSpec, str]:
+        """Create or update a model; returns the stored spec and created/configured/unchanged."""
+        try:
+            spec = validate_spec(body)
+        except SpecError as exc:
+            raise BadRequest(exc.field, exc.message) from None
+        current = self.specs.get(spec.name)
+        expected = body.get("generation") if isinstance(body, dict) else None
+        if expected and current is not None and expected != current.generation:
+            raise Conflict(
+                f"model {spec.name} is at generation {current.generation}, the "
+                f"change was made against {expected}: read it again and re-apply"
+            )
+        if expected and current is None:
+            raise Conflict(f"model {spec.name} does not exist any more (deleted meanwhile)")
+        if current is not None:
+            spec.generation = current.generation
+            if spec.to_dict() == current.to_dict():
+                return current, "unchanged"
+        spec.generation = (current.generation if current else 0) + 1
+        self.store.put_spec(spec)
+        self.specs[spec.name] = spec
+        self.changed = True
+        return spec, "configured" if current else "created"
+
+    def delete(self, name: str) -> ModelSpec:
+        spec = self.spec(name)
+        self.store.delete_spec(name)
+        del self.specs[name]
+        self.reasons.pop(name, None)
+        self.changed = True
+        return spec
+
+    def scale(self, name: str, replicas, generation=None) -> ModelSpec:
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise BadRequest("replicas", "must be a non-negative integer")
+        spec = self.spec(name)
+        if generation and generation != spec.generation:
+            raise Conflict(f"model {name} is at generation {spec.generation}, not {generation}")
+        if spec.replicas == replicas:
+            return spec
+        updated = ModelSpec(
+            **{**spec.to_dict(), "replicas": replicas, "generation": spec.generation + 1}
+        )
+        self.store.put_spec(updated)
+        self.specs[name] = updated
+        self.changed = True
+        return updated
+
+    def spec(self, name: str) -> ModelSpec:
+        try:
+            return self.specs[name]
+        except KeyError:
+            raise NotFound(f"model {name} not found") from None
+
+    # nodes
+
+    def node(self, name: str) -> Node:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise NotFound(f"node {name} not found") from None
+
+    def register(self, body) -> Node:
+        node = parse_node(body)
+        current = self.nodes.get(node.name)
+        if current is not None:
+            node.schedulable = current.schedulable  # operator states survive re-registration
+        node.ready = True
+        node.last_heartbeat = self.clock()
+        self.store.put_node(node)
+        self.nodes[node.name] = node
+        self.changed = True
+        return node
+
+    def set_schedulable(self, name: str, state: Schedulable) -> Node:
+        node = self.node(name)
+        if node.schedulable != state:
+            node.schedulable = state
+            self.store.put_node(node)
+            self.changed = True
+        return node
+
+    def heartbeat(self, name: str, body) -> list[dict]:
+        """An agent's heartbeat: GPU health and its replicas' states; returns its assignments."""
+        node = self.node(name)
+        if not isinstance(body, dict):
+            raise BadRequest("heartbeat", "expected a JSON object")
+        gpus = body.get("gpus", None)
+        reports = body.get("replicas", {})
+        if gpus is not None:
+            health = parse_gpu_health(gpus)
+        if not isinstance(reports, dict):
+            raise BadRequest("replicas", "expected a map of replica id to its state")
+        for replica_id, report in reports.items():
+            if not isinstance(report, dict) or report.get("state") not in REPLICA_REPORT_STATES:
+                raise BadRequest(
+                    f"replicas.{replica_id}.state",
+                    f"one of {', '.join(sorted(REPLICA_REPORT_STATES))}",
+                )
+        with self.store.batch():
+            changed_node = False
+            if gpus is not None:
+                for gpu in node.gpus:
+                    healthy, reason = health.get(gpu.index, (gpu.healthy, gpu.reason))
+                    if (healthy, reason) != (gpu.healthy, gpu.reason):
+                        gpu.healthy, gpu.reason = healthy, reason
+                        changed_node = True
+            if not node.ready:
+                node.ready = True
+                changed_node = True
+            if changed_node:
+                self.store.put_node(node)
+                self.changed = True
+            node.last_heartbeat = self.clock()
+            for replica_id, report in reports.items():
+                self._replica_report(node, replica_id, report)
+            self._forget_stopped(node, reports)
+        return self.assignments(name)
+
+    def _replica_report(self, node: Node, replica_id: str, report: dict) -> None:
+        replica = self.replicas.get(replica_id)
+        if replica is None or node.name not in replica.nodes:
+            return  # an agent's leftover: it is not assigned, the agent will stop it
+        if replica.state in (ReplicaState.STOPPING, ReplicaState.FAILED):
+            return
+        leader = replica.placement[0].node == node.name
+        state = report["state"]
+        if state == "Failed" or (state == "Stopped" and replica.state != ReplicaState.STOPPING):
+            replica.state = ReplicaState.FAILED
+            replica.exit_code = report.get("exit_code")
+            replica.reason = str(report.get("reason") or "the engine process exited")[:500]
+            replica.log_tail = str(report.get("log_tail") or "")[-4000:]
+        elif leader and state in ("Starting", "Ready", "Unhealthy"):
+            url = report.get("url") or replica.url
+            if (replica.state, replica.url) == (ReplicaState(state), url):
+                return
+            replica.state = ReplicaState(state)
+            replica.url = url if isinstance(url, str) else ""
+            replica.reason = str(report.get("reason") or "")[:500]
+        else:
+            return
+        replica.updated_at = self.wall()
+        self.store.put_replica(replica)
+        self.changed = True
+
+    def _forget_stopped(self, node: Node, reports: dict) -> None:
+        """A Stopping replica whose agents no longer run it is gone."""
+        for replica in list(self.replicas.values()):
+            if replica.state != ReplicaState.STOPPING or node.name not in replica.nodes:
+                continue
+            if replica.id not in reports or reports[replica.id]["state"] == "Stopped":
+                self.remove_replica(replica.id, node_done=node.name)
+
+    def assignments(self, name: str) -> list[dict]:
+        """What the agent of `name` must run: one entry per replica slice on that node."""
+        self.node(name)
+        out = []
+        for replica in self.replicas.values():
+            if replica.state not in HOLDING or replica.state == ReplicaState.STOPPING:
+                continue
+            spec = self.specs.get(replica.model)
+            if spec is None:
+                continue
+            for rank, piece in enumerate(replica.placement):
+                if piece.node != name:
+                    continue
+                leader = self.nodes.get(replica.placement[0].node)
+                out.append(
+                    {
+                        "replica": replica.id,
+                        "model": replica.model,
+                        "command": spec.command,
+                        "env": spec.env,
+                        "health_path": spec.health_path,
+                        "gpus": piece.gpus,
+                        "rank": rank,
+                        "nnodes": len(replica.placement),
+                        "master_addr": leader.address if leader else "",
+                    }
+                )
+        return out
+
+    # replicas
+
+    def add_replica(self, model: str, placement) -> Replica:
+        now = self.wall()
+        replica = Replica(
+            id=f"{model}-{uuid.uuid4().hex[:8]}",
+            model=model,
+            placement=placement,
+            created_at=now,
+            updated_at=now,
+        )
+        self.store.put_replica(replica)
+        self.replicas[replica.id] = replica
+        self.changed = True
+        return replica
+
+    def set_replica_state(self, replica: Replica, state: ReplicaState, reason: str = "") -> None:
+        replica.state = state
+        replica.reason = reason
+        replica.updated_at = self.wall()
+        self.store.put_replica(replica)
+        self.changed = True
+
+    def remove_replica(self, replica_id: str, node_done: str | None = None) -> None:
+        self.store.delete_replica(replica_id)
+        self.replicas.pop(replica_id, None)
+        self.idle.forget_replica(replica_id)
+        self.changed = True
+
+    def held_gpus(self) -> set[tuple[str, int]]:
+        return {
+            (piece.node, index)
+            for r in self.replicas.values()
+            if r.state in HOLDING
+            for piece in r.placement
+            for index in piece.gpus
+        }
+
+    # views
+
+    def snapshot(self, route_version: int = 0) -> FleetSnapshot:
+        replicas = [Replica.from_dict(r.to_dict()) for r in self.replicas.values()]
+        return FleetSnapshot(
+            nodes=[Node.from_dict(n.to_dict()) for n in self.nodes.values()],
+            replicas=replicas,
+            specs=[ModelSpec(**s.to_dict()) for s in self.specs.values()],
+            reasons=dict(self.reasons),
+            idle=self.idle.idle_map([r.id for r in replicas]),
+            now=self.wall(),
+            route_version=route_version,
+        )
+
+
+def parse_node(body) -> Node:
+    if not isinstance(body, dict):
+        raise BadRequest("node", "expected a JSON object")
+    for name in ("name", "address", "fabric"):
+        if not isinstance(body.get(name), str) or not body[name]:
+            raise BadRequest(name, "required, a non-empty string")
+    gpus = body.get("gpus")
+    if not isinstance(gpus, list):
+        raise BadRequest("gpus", "required, a list")
+    parsed = []
+    for i, gpu in enumerate(gpus):
+        if not isinstance(gpu, dict):
+            raise BadRequest(f"gpus[{i}]", "expected an object")
+        index, uuid_, gpu_class = gpu.get("index"), gpu.get("uuid"), gpu.get("gpu_class")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise BadRequest(f"gpus[{i}].index", "a non-negative integer")
+        if not isinstance(uuid_, str) or not isinstance(gpu_class, str) or not gpu_class:
+            raise BadRequest(f"gpus[{i}]", "uuid and gpu_class are required strings")
+        parsed.append(
+            GPU(
+                index=index,
+                uuid=uuid_,
+                gpu_class=gpu_class,
+                memory_mb=int(gpu.get("memory_mb") or 0),
+                healthy=bool(gpu.get("healthy", True)),
+                reason=str(gpu.get("reason") or ""),
+            )
+        )
+    if len({g.index for g in parsed}) != len(parsed):
+        raise BadRequest("gpus", "two GPUs have the same index")
+    labels = body.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise BadRequest("labels", "a map of strings")
+    return Node(
+        name=body["name"],
+        address=body["address"],
+        fabric=body["fabric"],
+        gpus=parsed,
+        labels={str(k): str(v) for k, v in labels.items()},
+    )
+
+
+def parse_gpu_health(gpus) -> dict[int, tuple[bool, str]]:
+    if not isinstance(gpus, list):
+        raise BadRequest("gpus", "expected a list of {index, healthy, reason}")
+    health = {}
+    for i, gpu in enumerate(gpus):
+        if (
+            not isinstance(gpu, dict)
+            or not isinstance(gpu.get("index"), int)
+            or not isinstance(gpu.get("healthy"), bool)
+        ):
+            raise BadRequest(f"gpus[{i}]", "needs index (integer) and healthy (boolean)")
+        health[gpu["index"]] = (gpu["healthy"], str(gpu.get("reason") or ""))
+    return health

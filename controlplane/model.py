@@ -1,0 +1,248 @@
+"""The fleet's objects: nodes and their GPUs, model specs, replicas; and strict spec validation."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+PLACEHOLDERS = {"port", "model", "gpus", "replica", "rank", "nnodes", "master_addr", "host"}
+
+
+class ReplicaState(StrEnum):
+    PENDING = "Pending"  # placed, not yet started by its agent
+    STARTING = "Starting"
+    READY = "Ready"
+    UNHEALTHY = "Unhealthy"
+    STOPPING = "Stopping"
+    FAILED = "Failed"
+
+
+# States in which a replica holds its GPUs.
+HOLDING = {
+    ReplicaState.PENDING,
+    ReplicaState.STARTING,
+    ReplicaState.READY,
+    ReplicaState.UNHEALTHY,
+    ReplicaState.STOPPING,
+}
+
+
+class Schedulable(StrEnum):
+    SCHEDULABLE = "schedulable"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+
+
+@dataclass
+class GPU:
+    index: int
+    uuid: str
+    gpu_class: str
+    memory_mb: int = 0
+    healthy: bool = True
+    reason: str = ""
+
+
+@dataclass
+class Node:
+    name: str
+    address: str
+    fabric: str
+    gpus: list[GPU]
+    labels: dict[str, str] = field(default_factory=dict)
+    schedulable: Schedulable = Schedulable.SCHEDULABLE
+    ready: bool = True
+    last_heartbeat: float = 0.0  # control-plane monotonic clock, not persisted
+
+    def to_dict(self) -> dict:
+        body = asdict(self)
+        body["schedulable"] = str(self.schedulable)
+        body.pop("last_heartbeat")
+        return body
+
+    @classmethod
+    def from_dict(cls, body: dict) -> Node:
+        gpus = [GPU(**gpu) for gpu in body["gpus"]]
+        return cls(
+            name=body["name"],
+            address=body["address"],
+            fabric=body["fabric"],
+            gpus=gpus,
+            labels=dict(body.get("labels") or {}),
+            schedulable=Schedulable(body.get("schedulable", "schedulable")),
+            ready=bool(body.get("ready", True)),
+        )
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    gpu_class: str
+    command: list[str]
+    gpus_per_replica: int = 1
+    nodes_per_replica: int = 1
+    replicas: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    health_path: str = "/health"
+    idle_after_s: float = 1800.0
+    generation: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Slice:
+    """The GPUs of one node that a replica holds."""
+
+    node: str
+    gpus: list[int]
+
+
+@dataclass
+class Replica:
+    id: str
+    model: str
+    placement: list[Slice]
+    state: ReplicaState = ReplicaState.PENDING
+    reason: str = ""
+    url: str = ""
+    created_at: float = 0.0  # wall clock, for operators
+    updated_at: float = 0.0
+    exit_code: int | None = None
+    log_tail: str = ""
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(s.gpus) for s in self.placement)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [s.node for s in self.placement]
+
+    def to_dict(self) -> dict:
+        body = asdict(self)
+        body["state"] = str(self.state)
+        return body
+
+    @classmethod
+    def from_dict(cls, body: dict) -> Replica:
+        return cls(
+            **{
+                **body,
+                "placement": [Slice(**s) for s in body["placement"]],
+                "state": ReplicaState(body["state"]),
+            }
+        )
+
+
+class SpecError(ValueError):
+    """A spec was refused; `field` names what is wrong."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+SPEC_FIELDS = {
+    "name",
+    "gpu_class",
+    "command",
+    "gpus_per_replica",
+    "nodes_per_replica",
+    "replicas",
+    "env",
+    "health_path",
+    "idle_after",
+    "idle_after_s",
+    "generation",
+}
+
+
+def parse_duration(value, field_name: str) -> float:
+    """Seconds from a number or a string like 90s, 30m, 2h."""
+    if isinstance(value, bool):
+        raise SpecError(field_name, "expected a duration such as 30m")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?[smhd]?", value.strip()):
+        text = value.strip()
+        unit = text[-1] if text[-1] in "smhd" else "s"
+        number = float(text.rstrip("smhd"))
+        seconds = number * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+    else:
+        raise SpecError(field_name, f"expected a duration such as 30m, got {value!r}")
+    if seconds <= 0:
+        raise SpecError(field_name, "must be positive")
+    return seconds
+
+
+def _positive_int(body: dict, name: str, default: int, allow_zero: bool = False) -> int:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(name, f"expected an integer, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(name, "must be positive" if not allow_zero else "must not be negative")
+    return value
+
+
+def validate_spec(body) -> ModelSpec:
+    """A ModelSpec from an operator's mapping, or SpecError naming the first bad field."""
+    if not isinstance(body, dict):
+        raise SpecError("spec", "expected a mapping")
+    unknown = sorted(set(body) - SPEC_FIELDS)
+    if unknown:
+        raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(SPEC_FIELDS))})")
+    name = body.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise SpecError(
+            "name",
+            "lower-case letters, digits, '.', '_' or '-', 1-63 characters, "
+            "starting and ending with a letter or digit",
+        )
+    gpu_class = body.get("gpu_class")
+    if not isinstance(gpu_class, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", gpu_class):
+        raise SpecError("gpu_class", "required, such as H100-80GB")
+    command = body.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise SpecError(
+            "command", "must be a non-empty list of strings (an argv, never a shell line)"
+        )
+    for arg in command:
+        for placeholder in re.findall(r"\{([^{}]*)\}", arg):
+            if placeholder not in PLACEHOLDERS:
+                raise SpecError(
+                    "command",
+                    f"unknown placeholder {{{placeholder}}}; known: "
+                    + ", ".join(sorted(PLACEHOLDERS)),
+                )
+    env = body.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str)
+        for k, v in env.items()
+    ):
+        raise SpecError("env", "must map variable names to strings")
+    health_path = body.get("health_path", "/health")
+    if not isinstance(health_path, str) or not health_path.startswith("/"):
+        raise SpecError("health_path", "must be a path starting with /")
+    if "idle_after" in body and "idle_after_s" in body:
+        raise SpecError("idle_after", "give idle_after or idle_after_s, not both")
+    idle = body.get("idle_after", body.get("idle_after_s", 1800))
+    generation = body.get("generation", 0)
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise SpecError("generation", "must be a non-negative integer")
+    return ModelSpec(
+        name=name,
+        gpu_class=gpu_class,
+        command=list(command),
+        gpus_per_replica=_positive_int(body, "gpus_per_replica", 1),
+        nodes_per_replica=_positive_int(body, "nodes_per_replica", 1),
+        replicas=_positive_int(body, "replicas", 1, allow_zero=True),
+        env=dict(env),
+        health_path=health_path,
+        idle_after_s=parse_duration(idle, "idle_after"),
+        generation=generation,
+    )

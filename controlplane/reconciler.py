@@ -1,0 +1,173 @@
+"""The reconciler: one tick moves the fleet towards what the specs ask for.
+
+It marks silent nodes NotReady and fails their replicas, drops failed replicas after a while,
+places missing replicas, stops extra ones (and those of deleted models or draining nodes once
+their replacement is ready), and publishes the routing table. Time comes from the fleet's
+injected clocks, so a test drives it tick by tick without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from controlplane.fleet import Fleet
+from controlplane.model import ReplicaState, Schedulable
+from controlplane.placement import place
+
+LIVE = {ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY}
+
+
+class RouteTable:
+    """The EndpointSink's source: {model: [{id, url}]} of Ready replicas, with a version.
+
+    Versions start from the wall clock in milliseconds, so that they keep increasing across a
+    control-plane restart and a router never mistakes a new table for one it already has.
+    """
+
+    def __init__(self) -> None:
+        self.version = int(time.time() * 1000)
+        self.routes: dict[str, list[dict]] = {}
+        self._changed = asyncio.Event()
+
+    def publish(self, routes: dict[str, list[dict]]) -> bool:
+        if routes == self.routes:
+            return False
+        self.routes = routes
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return True
+
+    def as_json(self) -> dict:
+        return {"version": self.version, "routes": self.routes}
+
+    async def wait_for_change(self, after: int, timeout: float) -> dict:
+        if after == self.version:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass
+        return self.as_json()
+
+
+class Reconciler:
+    def __init__(
+        self,
+        fleet: Fleet,
+        routes: RouteTable | None = None,
+        node_timeout_s: float = 15.0,
+        failed_retention_s: float = 600.0,
+    ) -> None:
+        self.fleet = fleet
+        self.routes = routes or RouteTable()
+        self.node_timeout_s = node_timeout_s
+        self.failed_retention_s = failed_retention_s
+
+    def tick(self) -> None:
+        fleet = self.fleet
+        with fleet.store.batch():
+            self._check_heartbeats()
+            self._expire_failed()
+            for spec in list(fleet.specs.values()):
+                self._reconcile_model(spec)
+            self._stop_orphans()
+            dirty = fleet.idle.take_dirty()
+            if dirty:
+                fleet.store.put_last_used(dirty)
+        self.routes.publish(self._routing_table())
+
+    def _check_heartbeats(self) -> None:
+        fleet = self.fleet
+        now = fleet.clock()
+        for node in fleet.nodes.values():
+            silent = now - node.last_heartbeat
+            if node.ready and silent > self.node_timeout_s:
+                node.ready = False
+                fleet.store.put_node(node)
+                fleet.changed = True
+            if node.ready:
+                continue
+            for replica in list(fleet.replicas.values()):
+                if node.name not in replica.nodes:
+                    continue
+                if replica.state == ReplicaState.STOPPING:
+                    fleet.remove_replica(replica.id)
+                elif replica.state in LIVE:
+                    fleet.set_replica_state(
+                        replica,
+                        ReplicaState.FAILED,
+                        f"node {node.name} is NotReady (no heartbeat for {silent:.0f}s)",
+                    )
+
+    def _expire_failed(self) -> None:
+        fleet = self.fleet
+        now = fleet.wall()
+        for replica in list(fleet.replicas.values()):
+            if (
+                replica.state == ReplicaState.FAILED
+                and now - replica.updated_at > self.failed_retention_s
+            ):
+                fleet.remove_replica(replica.id)
+
+    def _reconcile_model(self, spec) -> None:
+        fleet = self.fleet
+        mine = [r for r in fleet.replicas.values() if r.model == spec.name and r.state in LIVE]
+        draining = {n.name for n in fleet.nodes.values() if n.schedulable == Schedulable.DRAINING}
+        staying = [r for r in mine if not draining.intersection(r.nodes)]
+        leaving = [r for r in mine if draining.intersection(r.nodes)]
+        missing = spec.replicas - len(staying)
+        if missing > 0:
+            outcome = place(spec, missing, list(fleet.nodes.values()), fleet.held_gpus())
+            for placement in outcome.placements:
+                fleet.add_replica(spec.name, placement)
+            if outcome.reason:
+                fleet.reasons[spec.name] = outcome.reason
+            else:
+                fleet.reasons.pop(spec.name, None)
+        else:
+            fleet.reasons.pop(spec.name, None)
+        extra = len(staying) - spec.replicas
+        if extra > 0:
+            # Stop the least useful first: not ready, then the longest idle, then the newest.
+            idle = fleet.idle.idle_map([r.id for r in staying])
+
+            def usefulness(replica):
+                return (
+                    replica.state == ReplicaState.READY,
+                    -idle[replica.id][0],
+                    -replica.created_at,
+                )
+
+            for replica in sorted(staying, key=usefulness)[:extra]:
+                fleet.set_replica_state(replica, ReplicaState.STOPPING, "scaled down")
+        # Replicas on draining nodes go once their replacements are ready, or at once when no
+        # replacement fits (the drain goes on; the model's reason tells the operator why).
+        ready_staying = sum(
+            1
+            for r in fleet.replicas.values()
+            if r.model == spec.name
+            and r.state == ReplicaState.READY
+            and not draining.intersection(r.nodes)
+        )
+        if leaving and (ready_staying >= spec.replicas or spec.name in fleet.reasons):
+            for replica in leaving:
+                fleet.set_replica_state(replica, ReplicaState.STOPPING, "node draining")
+
+    def _stop_orphans(self) -> None:
+        fleet = self.fleet
+        for replica in list(fleet.replicas.values()):
+            if replica.model in fleet.specs:
+                continue
+            if replica.state in LIVE:
+                fleet.set_replica_state(replica, ReplicaState.STOPPING, "model deleted")
+            elif replica.state == ReplicaState.FAILED:
+                fleet.remove_replica(replica.id)
+
+    def _routing_table(self) -> dict[str, list[dict]]:
+        fleet = self.fleet
+        routes: dict[str, list[dict]] = {name: [] for name in sorted(fleet.specs)}
+        for replica in sorted(fleet.replicas.values(), key=lambda r: r.id):
+            if replica.state == ReplicaState.READY and replica.url and replica.model in routes:
+                routes[replica.model].append({"id": replica.id, "url": replica.url})
+        return routes

@@ -1,0 +1,71 @@
+"""`gpuctl server`'s lifecycle, top to bottom: load state, serve, tick, stop on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from aiohttp import web
+
+from controlplane.api import STATS_KEY, build_app
+from controlplane.fleet import Fleet
+from controlplane.idle import IdleTracker
+from controlplane.reconciler import Reconciler
+from controlplane.store import SqliteStore
+
+log = logging.getLogger("gpufleet.server")
+
+
+async def serve(
+    host: str,
+    port: int,
+    state_path: str,
+    tokens: dict[str, str],
+    tick_s: float = 1.0,
+    node_timeout_s: float = 15.0,
+    router_live_s: float = 10.0,
+) -> None:
+    store = SqliteStore(state_path)
+    fleet = Fleet(store, IdleTracker(live_window_s=router_live_s, clock=time.time))
+    reconciler = Reconciler(fleet, node_timeout_s=node_timeout_s)
+    reconciler.tick()
+    wake = asyncio.Event()
+    app = build_app(fleet, reconciler, tokens, wake)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError:
+        await runner.cleanup()
+        store.close()
+        raise
+    log.info("gpuctl server listening on http://%s:%d, state in %s", host, port, state_path)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    ticker = asyncio.create_task(tick_loop(reconciler, wake, tick_s, app[STATS_KEY]))
+    try:
+        await stop.wait()
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+        await runner.cleanup()
+        store.close()
+
+
+async def tick_loop(reconciler: Reconciler, wake: asyncio.Event, tick_s: float, stats) -> None:
+    while True:
+        try:
+            await asyncio.wait_for(wake.wait(), tick_s)
+        except TimeoutError:
+            pass
+        wake.clear()
+        try:
+            reconciler.tick()
+        except Exception:  # one bad tick must not stop the control plane
+            log.exception("reconcile tick failed")
+        stats["ticks"] += 1
+        reconciler.fleet.idle.forget_stale_routers()

@@ -1,0 +1,143 @@
+"""Durable state behind a small interface; SQLite (WAL) is the embedded default.
+
+The control plane keeps its working state in memory and writes every accepted change here
+before it answers, so a restart (or a kill -9) loses nothing that was acknowledged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import orjson
+
+from controlplane.model import ModelSpec, Node, Replica
+
+
+class Store(Protocol):
+    def load(
+        self,
+    ) -> tuple[dict[str, ModelSpec], dict[str, Node], dict[str, Replica], dict[str, float]]: ...
+    def batch(self) -> contextlib.AbstractContextManager: ...
+    def put_spec(self, spec: ModelSpec) -> None: ...
+    def delete_spec(self, name: str) -> None: ...
+    def put_node(self, node: Node) -> None: ...
+    def put_replica(self, replica: Replica) -> None: ...
+    def delete_replica(self, replica_id: str) -> None: ...
+    def put_last_used(self, last_used: dict[str, float]) -> None: ...
+    def close(self) -> None: ...
+
+
+# Each entry moves the schema one version up; never edit one that has shipped.
+MIGRATIONS = [
+    """
+    CREATE TABLE specs (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+    CREATE TABLE nodes (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+    CREATE TABLE replicas (id TEXT PRIMARY KEY, model TEXT NOT NULL, body BLOB NOT NULL);
+    CREATE TABLE last_used (replica TEXT PRIMARY KEY, at REAL NOT NULL);
+    """,
+]
+
+
+class SqliteStore:
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self._lock = threading.RLock()
+        self._depth = 0
+        self.migrate()
+
+    @property
+    def schema_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def migrate(self) -> None:
+        version = self.schema_version
+        if version > len(MIGRATIONS):
+            raise RuntimeError(
+                f"{self.path} has schema {version}, newer than this gpufleet "
+                f"({len(MIGRATIONS)}): upgrade gpufleet"
+            )
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            with self.batch():
+                for statement in filter(str.strip, script.split(";")):
+                    self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version={number}")
+
+    @contextlib.contextmanager
+    def batch(self):
+        """One transaction for everything written inside; nested batches join the outer one."""
+        with self._lock:
+            if self._depth == 0:
+                self.db.execute("BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield self
+            except BaseException:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.db.execute("ROLLBACK")
+                raise
+            self._depth -= 1
+            if self._depth == 0:
+                self.db.execute("COMMIT")
+
+    def load(self):
+        specs = {
+            name: ModelSpec(**orjson.loads(body))
+            for name, body in self.db.execute("SELECT name, body FROM specs")
+        }
+        nodes = {
+            name: Node.from_dict(orjson.loads(body))
+            for name, body in self.db.execute("SELECT name, body FROM nodes")
+        }
+        replicas = {
+            rid: Replica.from_dict(orjson.loads(body))
+            for rid, body in self.db.execute("SELECT id, body FROM replicas")
+        }
+        last_used = dict(self.db.execute("SELECT replica, at FROM last_used"))
+        return specs, nodes, replicas, last_used
+
+    def put_spec(self, spec: ModelSpec) -> None:
+        with self.batch():
+            self.db.execute(
+                "INSERT OR REPLACE INTO specs VALUES (?, ?)",
+                (spec.name, orjson.dumps(spec.to_dict())),
+            )
+
+    def delete_spec(self, name: str) -> None:
+        with self.batch():
+            self.db.execute("DELETE FROM specs WHERE name = ?", (name,))
+
+    def put_node(self, node: Node) -> None:
+        with self.batch():
+            self.db.execute(
+                "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
+                (node.name, orjson.dumps(node.to_dict())),
+            )
+
+    def put_replica(self, replica: Replica) -> None:
+        with self.batch():
+            self.db.execute(
+                "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
+                (replica.id, replica.model, orjson.dumps(replica.to_dict())),
+            )
+
+    def delete_replica(self, replica_id: str) -> None:
+        with self.batch():
+            self.db.execute("DELETE FROM replicas WHERE id = ?", (replica_id,))
+            self.db.execute("DELETE FROM last_used WHERE replica = ?", (replica_id,))
+
+    def put_last_used(self, last_used: dict[str, float]) -> None:
+        with self.batch():
+            self.db.executemany("INSERT OR REPLACE INTO last_used VALUES (?, ?)", last_used.items())
+
+    def close(self) -> None:
+        self.db.close()

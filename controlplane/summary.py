@@ -1,0 +1,208 @@
+"""The tables (`nodes`, `replicas`, `models`) and `gpuctl status`'s summary, all from one snapshot.
+
+The summary's numbers are aggregates of the rows, so the screen and the tables cannot
+disagree. A GPU is in exactly one of: used (healthy, held by a replica), free (healthy, unheld,
+on a Ready schedulable node), unavailable (healthy, unheld, on a node that takes no work) or
+unhealthy.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from controlplane.fleet import FleetSnapshot
+from controlplane.idle import IdleState
+from controlplane.model import HOLDING, ReplicaState, Schedulable
+from controlplane.placement import eligible
+
+CAPACITY_KEYS = ("used", "free", "unavailable", "unhealthy", "total")
+
+
+def _held(snap: FleetSnapshot) -> dict[tuple[str, int], str]:
+    return {
+        (piece.node, index): r.id
+        for r in snap.replicas
+        if r.state in HOLDING
+        for piece in r.placement
+        for index in piece.gpus
+    }
+
+
+def node_status(node) -> str:
+    status = "Ready" if node.ready else "NotReady"
+    if node.schedulable == Schedulable.CORDONED:
+        status += ",SchedulingDisabled"
+    elif node.schedulable == Schedulable.DRAINING:
+        status += ",Draining"
+    return status
+
+
+def node_rows(snap: FleetSnapshot) -> list[dict]:
+    held = _held(snap)
+    replicas_on = Counter(node for r in snap.replicas if r.state in HOLDING for node in r.nodes)
+    rows = []
+    for node in sorted(snap.nodes, key=lambda n: n.name):
+        by_class: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAPACITY_KEYS, 0))
+        for gpu in node.gpus:
+            counts = by_class[gpu.gpu_class]
+            counts["total"] += 1
+            if not gpu.healthy:
+                counts["unhealthy"] += 1
+            elif (node.name, gpu.index) in held:
+                counts["used"] += 1
+            elif eligible(node):
+                counts["free"] += 1
+            else:
+                counts["unavailable"] += 1
+        totals = {key: sum(c[key] for c in by_class.values()) for key in CAPACITY_KEYS}
+        rows.append(
+            {
+                "name": node.name,
+                "status": node_status(node),
+                "ready": node.ready,
+                "schedulable": str(node.schedulable),
+                "fabric": node.fabric,
+                "address": node.address,
+                "gpu_classes": sorted(by_class),
+                "gpus": totals,
+                "gpus_by_class": {k: dict(v) for k, v in sorted(by_class.items())},
+                "whole_free": eligible(node)
+                and bool(node.gpus)
+                and totals["free"] == totals["total"],
+                "replicas": replicas_on[node.name],
+                "unhealthy_gpus": [
+                    {"index": g.index, "reason": g.reason} for g in node.gpus if not g.healthy
+                ],
+            }
+        )
+    return rows
+
+
+def replica_rows(snap: FleetSnapshot) -> list[dict]:
+    rows = []
+    for replica in sorted(snap.replicas, key=lambda r: (r.model, r.id)):
+        seconds, state = snap.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
+        rows.append(
+            {
+                "id": replica.id,
+                "model": replica.model,
+                "state": str(replica.state),
+                "nodes": replica.nodes,
+                "gpus": replica.gpu_count if replica.state in HOLDING else 0,
+                "placement": [{"node": p.node, "gpus": p.gpus} for p in replica.placement],
+                "url": replica.url,
+                "idle_s": round(seconds, 1) if state != IdleState.UNKNOWN else -1,
+                "idle_state": str(state),
+                "reason": replica.reason,
+                "age_s": round(max(0.0, snap.now - replica.created_at), 1),
+                "exit_code": replica.exit_code,
+            }
+        )
+    return rows
+
+
+def model_state(desired: int, ready: int, reason: str) -> str:
+    if desired == 0:
+        return "ScaledToZero"
+    if reason and ready == 0:
+        return "Unplaceable"
+    if ready >= desired:
+        return "Ready"
+    if ready == 0:
+        return "Pending"
+    return "Degraded"
+
+
+def model_rows(snap: FleetSnapshot) -> list[dict]:
+    rows = []
+    for spec in sorted(snap.specs, key=lambda s: s.name):
+        mine = [r for r in snap.replicas if r.model == spec.name]
+        states = Counter(str(r.state) for r in mine)
+        ready = states.get(str(ReplicaState.READY), 0)
+        reason = snap.reasons.get(spec.name, "")
+        rows.append(
+            {
+                "name": spec.name,
+                "gpu_class": spec.gpu_class,
+                "gpus_per_replica": spec.gpus_per_replica,
+                "nodes_per_replica": spec.nodes_per_replica,
+                "desired": spec.replicas,
+                "ready": ready,
+                "replicas_by_state": dict(sorted(states.items())),
+                "state": model_state(spec.replicas, ready, reason),
+                "reason": reason,
+                "idle_after_s": spec.idle_after_s,
+                "generation": spec.generation,
+            }
+        )
+    return rows
+
+
+def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
+    """The numbers of `gpuctl status`. `idle_after_s` None: each model's own threshold."""
+    nodes = node_rows(snap)
+    replicas = replica_rows(snap)
+    models = model_rows(snap)
+    capacity: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAPACITY_KEYS, 0))
+    for row in nodes:
+        for gpu_class, counts in row["gpus_by_class"].items():
+            for key in CAPACITY_KEYS:
+                capacity[gpu_class][key] += counts[key]
+    fabrics: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"nodes": 0, "ready": 0, "whole_free": 0}
+    )
+    for row in nodes:
+        fabric = fabrics[row["fabric"]]
+        fabric["nodes"] += 1
+        fabric["ready"] += row["ready"]
+        fabric["whole_free"] += row["whole_free"]
+    thresholds = {spec.name: spec.idle_after_s for spec in snap.specs}
+    idle = []
+    for row in replicas:
+        threshold = (
+            idle_after_s if idle_after_s is not None else thresholds.get(row["model"], 1800.0)
+        )
+        if (
+            row["state"] in (str(s) for s in HOLDING)
+            and row["idle_state"] != "unknown"
+            and row["idle_s"] >= threshold
+        ):
+            idle.append(
+                {
+                    key: row[key]
+                    for key in ("id", "model", "state", "nodes", "gpus", "idle_s", "idle_state")
+                }
+            )
+    idle.sort(key=lambda r: (-r["gpus"], -r["idle_s"], r["id"]))
+    return {
+        "capacity": {k: v for k, v in sorted(capacity.items())},
+        "fabrics": {k: v for k, v in sorted(fabrics.items())},
+        "nodes": {
+            "total": len(nodes),
+            "ready": sum(r["ready"] for r in nodes),
+            "not_ready": sum(not r["ready"] for r in nodes),
+            "cordoned": sum(r["schedulable"] == "cordoned" for r in nodes),
+            "draining": sum(r["schedulable"] == "draining" for r in nodes),
+        },
+        "replicas": {
+            "total": len(replicas),
+            "by_state": dict(sorted(Counter(r["state"] for r in replicas).items())),
+        },
+        "models": {
+            "total": len(models),
+            "by_state": dict(sorted(Counter(r["state"] for r in models).items())),
+        },
+        "unplaceable": [{"model": r["name"], "reason": r["reason"]} for r in models if r["reason"]],
+        "idle": {
+            "threshold_s": idle_after_s,
+            "replicas": idle,
+            "gpus_held": sum(r["gpus"] for r in idle),
+            "unknown": sum(
+                r["idle_state"] == "unknown"
+                for r in replicas
+                if r["state"] in (str(s) for s in HOLDING)
+            ),
+        },
+        "unhealthy_gpus": [{"node": r["name"], **g} for r in nodes for g in r["unhealthy_gpus"]],
+        "route_version": snap.route_version,
+    }

@@ -1,0 +1,75 @@
+import pytest
+
+from controlplane.fleet import Fleet
+from controlplane.idle import IdleTracker
+from controlplane.model import GPU, Node
+from controlplane.reconciler import Reconciler
+from controlplane.store import SqliteStore
+
+
+class Clock:
+    """Injected time: tests move it forward instead of sleeping."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_node(name, fabric="ib-a", gpus=8, gpu_class="H100-80GB", address=None):
+    return {
+        "name": name,
+        "address": address or "127.0.0.1",
+        "fabric": fabric,
+        "gpus": [
+            {"index": i, "uuid": f"GPU-{name}-{i}", "gpu_class": gpu_class, "memory_mb": 81559}
+            for i in range(gpus)
+        ],
+    }
+
+
+def node_obj(name, fabric="ib-a", gpus=8, gpu_class="H100-80GB", **state):
+    node = Node(
+        name=name,
+        address="127.0.0.1",
+        fabric=fabric,
+        gpus=[GPU(i, f"GPU-{name}-{i}", gpu_class) for i in range(gpus)],
+    )
+    for key, value in state.items():
+        setattr(node, key, value)
+    return node
+
+
+def spec(name="llama", gpu_class="H100-80GB", **kw):
+    return {
+        "name": name,
+        "gpu_class": gpu_class,
+        "command": ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"],
+        **kw,
+    }
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def make_fleet(tmp_path, clock):
+    """A Fleet on a SQLite file, with injected clocks; call again to 'restart' on the same file."""
+    path = tmp_path / "state.sqlite"
+    opened = []
+
+    def factory():
+        store = SqliteStore(path)
+        opened.append(store)
+        fleet = Fleet(store, IdleTracker(live_window_s=10, clock=clock), clock=clock, wall=clock)
+        return fleet, Reconciler(fleet, node_timeout_s=15)
+
+    yield factory
+    for store in opened:
+        store.close()

@@ -1,0 +1,143 @@
+from controlplane.idle import IdleState
+from controlplane.model import ReplicaState, Schedulable
+from tests.controlplane.conftest import make_node, spec
+
+
+def ready_all(fleet, node_name, url_base="http://127.0.0.1:"):
+    reports = {}
+    for i, a in enumerate(fleet.assignments(node_name)):
+        reports[a["replica"]] = {"state": "Ready", "url": f"{url_base}{9000 + i}"}
+    fleet.heartbeat(node_name, {"replicas": reports})
+
+
+def test_places_starts_and_publishes_ready_replicas(make_fleet):
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1", gpus=4))
+    fleet.apply(spec(replicas=2, gpus_per_replica=2))
+    version = reconciler.routes.version
+    reconciler.tick()
+    assert len(fleet.assignments("n1")) == 2
+    assert reconciler.routes.routes == {"llama": []}
+    ready_all(fleet, "n1")
+    reconciler.tick()
+    assert len(reconciler.routes.routes["llama"]) == 2
+    assert reconciler.routes.version > version
+
+
+def test_scale_down_stops_the_least_useful_and_agents_confirm(make_fleet):
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1"))
+    fleet.apply(spec(replicas=3))
+    reconciler.tick()
+    ready_all(fleet, "n1")
+    fleet.scale("llama", 1)
+    reconciler.tick()
+    states = sorted(str(r.state) for r in fleet.replicas.values())
+    assert states == ["Ready", "Stopping", "Stopping"]
+    assert len(fleet.assignments("n1")) == 1
+    running = {
+        a["replica"]: {"state": "Ready", "url": "http://127.0.0.1:9000"}
+        for a in fleet.assignments("n1")
+    }
+    fleet.heartbeat("n1", {"replicas": running})
+    assert len(fleet.replicas) == 1
+
+
+def test_missed_heartbeats_make_a_node_not_ready_and_replicas_move(make_fleet, clock):
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1", gpus=1))
+    fleet.register(make_node("n2", gpus=1))
+    fleet.apply(spec(replicas=1))
+    reconciler.tick()
+    (first,) = fleet.replicas.values()
+    lost_node = first.nodes[0]
+    other = "n2" if lost_node == "n1" else "n1"
+    clock.advance(10)
+    fleet.heartbeat(other, {"replicas": {}})
+    clock.advance(10)
+    reconciler.tick()
+    assert not fleet.nodes[lost_node].ready
+    assert first.state == ReplicaState.FAILED and "NotReady" in first.reason
+    live = [r for r in fleet.replicas.values() if r.state == ReplicaState.PENDING]
+    assert [r.nodes for r in live] == [[other]]
+
+
+def test_unplaceable_model_has_a_reason_and_placement_follows_capacity(make_fleet):
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1", gpus=2))
+    fleet.apply(spec(gpus_per_replica=4))
+    reconciler.tick()
+    assert "needs 4 free H100-80GB GPUs on one node" in fleet.reasons["llama"]
+    fleet.register(make_node("n2", gpus=8))
+    reconciler.tick()
+    assert "llama" not in fleet.reasons and len(fleet.replicas) == 1
+
+
+def test_drain_moves_replicas_before_stopping_them(make_fleet):
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1", gpus=1))
+    fleet.register(make_node("n2", gpus=1))
+    fleet.apply(spec(replicas=1))
+    reconciler.tick()
+    (old,) = fleet.replicas.values()
+    ready_all(fleet, old.nodes[0])
+    fleet.set_schedulable(old.nodes[0], Schedulable.DRAINING)
+    reconciler.tick()
+    assert old.state == ReplicaState.READY, "kept until its replacement is ready"
+    (new,) = [r for r in fleet.replicas.values() if r.id != old.id]
+    ready_all(fleet, new.nodes[0])
+    reconciler.tick()
+    assert old.state == ReplicaState.STOPPING
+
+
+def test_deleting_a_model_stops_its_replicas(make_fleet):
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1"))
+    fleet.apply(spec(replicas=2))
+    reconciler.tick()
+    fleet.delete("llama")
+    reconciler.tick()
+    assert {str(r.state) for r in fleet.replicas.values()} == {"Stopping"}
+    assert fleet.assignments("n1") == []
+    assert reconciler.routes.routes == {}
+
+
+def test_a_used_replica_stays_known_after_a_control_plane_restart(make_fleet, clock):
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1"))
+    fleet.apply(spec())
+    reconciler.tick()
+    (replica,) = fleet.replicas
+    fleet.idle.report(
+        {"router": "r1", "uptime_s": 50, "used": {replica: 4}, "watched": {replica: 50}}
+    )
+    reconciler.tick()  # flushes last_used_at
+    clock.advance(100)
+    restarted, _ = make_fleet()
+    restarted.idle.report({"router": "r1-new", "uptime_s": 1, "used": {}, "watched": {replica: 1}})
+    assert restarted.idle.idle_for(replica) == (104.0, IdleState.EXACT)
+    assert set(restarted.replicas) == {replica}
+    assert restarted.specs["llama"].replicas == 1
+
+
+def test_failed_replica_is_replaced_and_kept_for_display(make_fleet, clock):
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1", gpus=2))
+    fleet.apply(spec())
+    reconciler.tick()
+    (replica,) = fleet.replicas
+    fleet.heartbeat(
+        "n1",
+        {
+            "replicas": {
+                replica: {"state": "Failed", "exit_code": 1, "log_tail": "CUDA out of memory"}
+            }
+        },
+    )
+    reconciler.tick()
+    assert fleet.replicas[replica].state == ReplicaState.FAILED
+    assert fleet.replicas[replica].log_tail == "CUDA out of memory"
+    assert len([r for r in fleet.replicas.values() if r.state == ReplicaState.PENDING]) == 1
+    clock.advance(601)
+    reconciler.tick()
+    assert replica not in fleet.replicas

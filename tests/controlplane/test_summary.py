@@ -1,0 +1,92 @@
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.fleet import FleetSnapshot
+from controlplane.idle import IdleState
+from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Schedulable, Slice
+from controlplane.summary import node_rows, replica_rows, summary
+
+CLASSES = ["H100-80GB", "A100-80GB", "L40S-48GB"]
+
+
+@st.composite
+def snapshots(draw):
+    nodes = []
+    for i in range(draw(st.integers(0, 10))):
+        gpus = [
+            GPU(j, f"u{i}-{j}", draw(st.sampled_from(CLASSES)), healthy=draw(st.booleans()))
+            for j in range(draw(st.integers(0, 8)))
+        ]
+        nodes.append(
+            Node(
+                f"n{i}",
+                "127.0.0.1",
+                draw(st.sampled_from(["f1", "f2"])),
+                gpus,
+                schedulable=draw(st.sampled_from(list(Schedulable))),
+                ready=draw(st.booleans()),
+            )
+        )
+    specs = [
+        ModelSpec(
+            name=f"m{k}",
+            gpu_class=draw(st.sampled_from(CLASSES)),
+            command=["x"],
+            replicas=draw(st.integers(0, 3)),
+        )
+        for k in range(draw(st.integers(0, 3)))
+    ]
+    replicas, idle, taken = [], {}, set()
+    for k in range(draw(st.integers(0, 12))):
+        if not nodes or not specs:
+            break
+        node = draw(st.sampled_from(nodes))
+        free = [g.index for g in node.gpus if (node.name, g.index) not in taken]
+        picked = draw(st.lists(st.sampled_from(free), unique=True, max_size=3)) if free else []
+        taken.update((node.name, i) for i in picked)
+        replica = Replica(
+            f"r{k}",
+            draw(st.sampled_from(specs)).name,
+            [Slice(node.name, picked)],
+            state=draw(st.sampled_from(list(ReplicaState))),
+        )
+        replicas.append(replica)
+        state = draw(st.sampled_from(list(IdleState)))
+        seconds = -1.0 if state == IdleState.UNKNOWN else draw(st.floats(0, 10_000))
+        idle[replica.id] = (seconds, state)
+    reasons = {s.name: "no room" for s in specs if draw(st.booleans())}
+    return FleetSnapshot(nodes, replicas, specs, reasons, idle, now=1e6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots(), st.sampled_from([None, 0.0, 600.0]))
+def test_summary_is_the_aggregate_of_the_rows(snap, threshold):
+    result = summary(snap, threshold)
+    nodes = node_rows(snap)
+    replicas = replica_rows(snap)
+    for gpu_class, counts in result["capacity"].items():
+        for key in ("used", "free", "unavailable", "unhealthy", "total"):
+            assert counts[key] == sum(
+                r["gpus_by_class"].get(gpu_class, {}).get(key, 0) for r in nodes
+            )
+        assert (
+            counts["used"] + counts["free"] + counts["unavailable"] + counts["unhealthy"]
+            == counts["total"]
+        )
+    unhealthy = {(n.name, g.index) for n in snap.nodes for g in n.gpus if not g.healthy}
+    total_unhealthy = sum(c["unhealthy"] for c in result["capacity"].values())
+    assert total_unhealthy == len(unhealthy), "an unhealthy GPU is neither used nor free"
+    assert sum(c["total"] for c in result["capacity"].values()) == sum(
+        len(n.gpus) for n in snap.nodes
+    )
+    assert result["replicas"]["by_state"] == dict(Counter(r["state"] for r in replicas))
+    assert result["nodes"]["ready"] + result["nodes"]["not_ready"] == len(snap.nodes)
+    assert sum(f["whole_free"] for f in result["fabrics"].values()) == sum(
+        r["whole_free"] for r in nodes
+    )
+    for row in result["idle"]["replicas"]:
+        assert row["idle_state"] != "unknown", "unknown is never idle"
+        assert row["idle_s"] >= (threshold if threshold is not None else 1800.0)
+    assert result["idle"]["gpus_held"] == sum(r["gpus"] for r in result["idle"]["replicas"])
