@@ -30,12 +30,13 @@ class ActivityReporter:
         router_id: str,
         table,
         token: str | None,
+        started: float,
     ) -> None:
         self.session = session
         self.url = base_url.rstrip("/") + "/v1/activity"
         self.router_id = router_id
         self.table = table
-        self.started = time.monotonic()
+        self.started = started
         self.headers = {"Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"

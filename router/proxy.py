@@ -14,12 +14,14 @@ import hmac
 import itertools
 import os
 import socket
+import time
 from collections import deque
 from dataclasses import dataclass
 
 import httptools
 import orjson
 
+from router.activity import activity_report
 from router.errors import REASONS, error_body, sse_error_event
 from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.metrics import RouterMetrics
@@ -67,8 +69,17 @@ class RequestRefused(Exception):
 class ProxyContext:
     """What every connection of one router process shares."""
 
-    def __init__(self, table, config: ProxyConfig, metrics: RouterMetrics | None = None) -> None:
+    def __init__(
+        self,
+        table,
+        config: ProxyConfig,
+        metrics: RouterMetrics | None = None,
+        router_id: str = "",
+        started: float = 0.0,
+    ) -> None:
         self.table = table
+        self.router_id = router_id
+        self.started = started or time.monotonic()
         self.config = config
         self.metrics = metrics or RouterMetrics()
         self.pools: dict[str, UpstreamPool] = {}
@@ -236,6 +247,9 @@ class ClientConnection(asyncio.Protocol):
             return self.respond(
                 200, text, content_type=b"text/plain; version=0.0.4", request_id=request_id
             )
+        if path == b"/activity":
+            report = activity_report(self.ctx.router_id, self.ctx.started, self.ctx.table)
+            return self.respond(200, orjson.dumps(report), request_id=request_id)
         if not self.ctx.authorised(headers):
             return self.respond_error(
                 401, "invalid or missing API key", request_id, code="invalid_api_key"

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -41,11 +42,14 @@ class RouterServer:
             self.table.update(settings.static_routes)
         self.router_id = settings.router_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stopping = asyncio.Event()
+        self.started = time.monotonic()
 
     async def serve(self) -> None:
         settings = self.settings
         loop = asyncio.get_running_loop()
-        ctx = ProxyContext(self.table, settings.proxy)
+        ctx = ProxyContext(
+            self.table, settings.proxy, router_id=self.router_id, started=self.started
+        )
         server = await loop.create_server(
             lambda: ClientConnection(ctx),
             settings.host,
@@ -89,6 +93,7 @@ class RouterServer:
                 self.router_id,
                 self.table,
                 self.settings.token,
+                self.started,
             )
         loop = asyncio.get_running_loop()
         next_report = loop.time()

@@ -114,3 +114,38 @@ class Processes:
     def stop_all(self) -> None:
         for proc in reversed(self.started):
             self.terminate(proc, timeout=5.0)
+
+
+def control_plane(
+    procs: Processes,
+    state: Path,
+    token_file: Path | None = None,
+    *extra: str,
+    port: int | None = None,
+) -> tuple[str, subprocess.Popen]:
+    port = port or free_port()
+    argv = ["gpuctl", "server", "--listen", f"127.0.0.1:{port}", "--state", str(state), *extra]
+    if token_file is not None:
+        argv += ["--token-file", str(token_file)]
+    proc = procs.start(argv, port, name="server")
+    return f"http://127.0.0.1:{port}", proc
+
+
+def call(method: str, url: str, body=None, token: str | None = None, timeout: float = 10.0):
+    """(status, decoded JSON) of one control-plane API call."""
+    import json
+
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
