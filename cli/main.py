@@ -2,6 +2,7 @@
 
 import click
 
+from cli.cmd_agent import agent
 from cli.cmd_server import server
 from cli.cmd_sim_engine import sim_engine
 
@@ -13,6 +14,7 @@ def gpuctl():
 
 gpuctl.add_command(sim_engine)
 gpuctl.add_command(server)
+gpuctl.add_command(agent)
 
 
 def main() -> None:

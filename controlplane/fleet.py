@@ -54,7 +54,7 @@ class FleetSnapshot:
     extra: dict = field(default_factory=dict)
 
 
-REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopped"}
+REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopping", "Stopped"}
 
 
 class Fleet:

@@ -1,0 +1,73 @@
+"""`gpuctl agent`'s lifecycle: one agent per node (one for a real node, many for a simulated
+fleet) in one process, until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from controlplane.agent.agent import ControlPlaneClient, NodeAgent
+from controlplane.agent.supervisor import Supervisor
+
+log = logging.getLogger("gpufleet.agent")
+
+
+async def run_agents(
+    inventories,
+    server: str,
+    token: str | None,
+    state_dir: Path,
+    heartbeat_s: float = 2.0,
+    stop_grace_s: float = 30.0,
+    admin_app_factory=None,
+    admin_listen: tuple[str, int] | None = None,
+    stop_replicas_on_exit: bool = False,
+) -> None:
+    session = aiohttp.ClientSession()
+    client = ControlPlaneClient(session, server, token)
+    agents = {
+        inv.name: NodeAgent(
+            inv,
+            Supervisor(state_dir / "nodes" / inv.name, inv.address, stop_grace_s),
+            client,
+            heartbeat_s,
+        )
+        for inv in inventories
+    }
+    admin_runner = None
+    if admin_app_factory is not None and admin_listen is not None:
+        admin_runner = web.AppRunner(
+            admin_app_factory(agents), access_log=None, handle_signals=False
+        )
+        await admin_runner.setup()
+        await web.TCPSite(admin_runner, *admin_listen).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    tasks = [asyncio.create_task(agent.run()) for agent in agents.values()]
+    log.info("agent running %d node(s) against %s", len(agents), server)
+    try:
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if stop_replicas_on_exit:
+            for agent in agents.values():
+                for replica in list(agent.supervisor.running):
+                    agent.supervisor.stop(replica)
+            for agent in agents.values():
+                agent.supervisor.stop_all()
+        for inv in inventories:
+            close = getattr(inv, "close", None)
+            if close is not None:
+                close()
+        await session.close()
+        if admin_runner is not None:
+            await admin_runner.cleanup()

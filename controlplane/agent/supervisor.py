@@ -1,0 +1,354 @@
+"""Runs a node's replica processes: start from the spec's argv, probe, report, stop, adopt.
+
+Processes are started without a shell, in their own session (so that a stop reaches the
+engine's workers too), with CUDA_VISIBLE_DEVICES and rank variables. Each one is recorded in
+the state directory, so that an agent that restarts finds the processes it started before and
+adopts them, or stops them if they are no longer assigned: no orphan keeps holding GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+
+log = logging.getLogger("gpufleet.agent")
+UNHEALTHY_AFTER = 3  # failed probes in a row before a Ready replica is Unhealthy
+
+
+@dataclass
+class Running:
+    replica: str
+    model: str
+    pid: int
+    port: int
+    argv: list[str]
+    gpus: list[int]
+    rank: int
+    health_path: str
+    started_at: float
+    state: str = "Starting"  # Starting, Ready, Unhealthy, Failed
+    reason: str = ""
+    exit_code: int | None = None
+    failed_probes: int = 0
+    stopping_since: float = 0.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def expand(template: list[str], values: dict[str, str]) -> list[str]:
+    """Fill {placeholders} in each argument; the result is an argv, never a shell line."""
+    out = []
+    for arg in template:
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        out.append(arg)
+    return out
+
+
+def resolve(program: str) -> str:
+    """The program's path; gpufleet's own commands are found beside this Python first."""
+    here = os.path.dirname(sys.executable)
+    found = shutil.which(program, path=here + os.pathsep + os.environ.get("PATH", ""))
+    if found is None:
+        raise FileNotFoundError(f"{program}: not found on PATH")
+    return found
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
+    except OSError:
+        return None
+
+
+def same_program(running: list[str] | None, argv: list[str]) -> bool:
+    """Whether a live process is the one we started, not a stranger that reused its pid.
+
+    A script started by path runs as `interpreter script args`, so argv may be a suffix.
+    """
+    return running is not None and running[-len(argv) :] == argv
+
+
+class Supervisor:
+    def __init__(
+        self,
+        state_dir: Path,
+        address: str,
+        stop_grace_s: float = 30.0,
+        start_timeout_s: float = 1800.0,
+    ) -> None:
+        self.state_dir = state_dir
+        self.records = state_dir / "replicas"
+        self.logs = state_dir / "logs"
+        self.records.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.address = address
+        self.stop_grace_s = stop_grace_s
+        self.start_timeout_s = start_timeout_s
+        self.running: dict[str, Running] = {}
+        self.children: dict[int, subprocess.Popen] = {}
+        self.stopping: dict[str, Running] = {}
+        self.failed: dict[str, Running] = {}
+        self.adopt()
+
+    # records
+
+    def _record_path(self, replica: str) -> Path:
+        return self.records / f"{replica}.json"
+
+    def _save(self, run: Running) -> None:
+        path = self._record_path(run.replica)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(run)))
+        os.replace(tmp, path)
+
+    def adopt(self) -> None:
+        """Take over the processes a previous agent started; forget the dead ones."""
+        for path in self.records.glob("*.json"):
+            try:
+                run = Running(**json.loads(path.read_text()))
+            except (ValueError, TypeError):
+                path.unlink(missing_ok=True)
+                continue
+            if process_alive(run.pid) and same_program(cmdline(run.pid), run.argv):
+                log.info("adopting %s (pid %d)", run.replica, run.pid)
+                self.running[run.replica] = run
+            else:
+                run.state, run.reason = "Failed", "the process ended while the agent was away"
+                self.failed[run.replica] = run
+                path.unlink(missing_ok=True)
+
+    # the loop
+
+    def reconcile(self, assignments: list[dict]) -> None:
+        """Start what is assigned and not running; stop what runs and is not assigned."""
+        wanted = {a["replica"]: a for a in assignments}
+        for replica in list(self.running):
+            if replica not in wanted:
+                self.stop(replica)
+        for replica, assignment in wanted.items():
+            if (
+                replica not in self.running
+                and replica not in self.failed
+                and replica not in self.stopping
+            ):
+                self.start(assignment)
+        for replica in list(self.failed):
+            if replica not in wanted:
+                del self.failed[replica]
+
+    def start(self, a: dict) -> None:
+        port = free_port()
+        values = {
+            "port": str(port),
+            "model": a["model"],
+            "gpus": ",".join(map(str, a["gpus"])),
+            "replica": a["replica"],
+            "rank": str(a["rank"]),
+            "nnodes": str(a["nnodes"]),
+            "master_addr": a.get("master_addr") or self.address,
+            "host": "127.0.0.1",
+        }
+        argv = expand(a["command"], values)
+        env = {
+            **os.environ,
+            **a.get("env", {}),
+            "CUDA_VISIBLE_DEVICES": values["gpus"],
+            "GPUFLEET_REPLICA": a["replica"],
+            "GPUFLEET_MODEL": a["model"],
+            "GPUFLEET_PORT": values["port"],
+            "NODE_RANK": values["rank"],
+            "NNODES": values["nnodes"],
+            "MASTER_ADDR": values["master_addr"],
+        }
+        log_path = self.logs / f"{a['replica']}.log"
+        try:
+            argv[0] = resolve(argv[0])
+            with open(log_path, "ab") as log_file:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            self.failed[a["replica"]] = Running(
+                a["replica"],
+                a["model"],
+                0,
+                port,
+                argv,
+                a["gpus"],
+                a["rank"],
+                a.get("health_path", "/health"),
+                time.time(),
+                state="Failed",
+                reason=f"cannot start {argv[0]}: {exc}",
+            )
+            return
+        run = Running(
+            a["replica"],
+            a["model"],
+            proc.pid,
+            port,
+            argv,
+            a["gpus"],
+            a["rank"],
+            a.get("health_path", "/health"),
+            time.time(),
+        )
+        self.children[proc.pid] = proc
+        self.running[run.replica] = run
+        self._save(run)
+        log.info("started %s: pid %d port %d gpus %s", run.replica, proc.pid, port, a["gpus"])
+
+    def stop(self, replica: str) -> None:
+        run = self.running.pop(replica, None)
+        if run is None:
+            return
+        run.stopping_since = time.monotonic()
+        self.stopping[replica] = run
+        self._signal(run, signal.SIGTERM)
+
+    def kill(self, replica: str) -> bool:
+        """Fault injection: the replica's process dies now, as if it had crashed."""
+        run = self.running.get(replica)
+        if run is None:
+            return False
+        self._signal(run, signal.SIGKILL)
+        return True
+
+    def _signal(self, run: Running, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.pid, signum)
+
+    def _exited(self, run: Running) -> int | None:
+        """The exit code once the process is gone (None while it runs, -1 if unknown)."""
+        child = self.children.get(run.pid)
+        if child is not None:
+            code = child.poll()
+            if code is not None:
+                self.children.pop(run.pid, None)
+            return code
+        return None if process_alive(run.pid) else -1
+
+    def log_tail(self, replica: str, size: int = 4000) -> str:
+        path = self.logs / f"{replica}.log"
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - size))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    async def check(self, session: aiohttp.ClientSession) -> None:
+        """Notice exits, finish stops, and probe each engine's health path."""
+        now = time.monotonic()
+        for replica, run in list(self.stopping.items()):
+            if self._exited(run) is not None:
+                del self.stopping[replica]
+                self._record_path(replica).unlink(missing_ok=True)
+            elif now - run.stopping_since > self.stop_grace_s:
+                self._signal(run, signal.SIGKILL)
+        for replica, run in list(self.running.items()):
+            code = self._exited(run)
+            if code is not None:
+                run.state, run.exit_code = "Failed", code
+                run.reason = f"the engine exited with code {code}"
+                del self.running[replica]
+                self._record_path(replica).unlink(missing_ok=True)
+                self.failed[replica] = run
+                # Its workers may linger in the session: they must not keep the GPUs.
+                self._signal(run, signal.SIGKILL)
+                continue
+            if run.rank != 0:
+                run.state = "Ready"  # followers serve through the leader's endpoint
+                continue
+            await self._probe(session, run)
+            if run.state == "Starting" and time.time() - run.started_at > self.start_timeout_s:
+                run.state, run.reason = "Failed", "not healthy within the start timeout"
+                self.stop(replica)
+                self.failed[replica] = run
+
+    async def _probe(self, session: aiohttp.ClientSession, run: Running) -> None:
+        url = f"http://127.0.0.1:{run.port}{run.health_path}"
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                healthy = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            healthy = False
+        if healthy:
+            run.state, run.failed_probes, run.reason = "Ready", 0, ""
+        elif run.state != "Starting":
+            run.failed_probes += 1
+            if run.failed_probes >= UNHEALTHY_AFTER:
+                run.state, run.reason = "Unhealthy", f"{run.health_path} is failing"
+
+    def reports(self) -> dict[str, dict]:
+        out = {}
+        for replica, run in self.running.items():
+            out[replica] = {
+                "state": run.state,
+                "reason": run.reason,
+                "url": f"http://{self.address}:{run.port}" if run.rank == 0 else "",
+            }
+        for replica, run in self.failed.items():
+            out[replica] = {
+                "state": "Failed",
+                "reason": run.reason,
+                "exit_code": run.exit_code,
+                "log_tail": self.log_tail(replica),
+            }
+        for replica in self.stopping:
+            out[replica] = {"state": "Stopping"}
+        return out
+
+    def stop_all(self, wait_s: float | None = None) -> None:
+        """Stop every replica and wait for them (used when the agent shuts its node down)."""
+        for replica in list(self.running):
+            self.stop(replica)
+        deadline = time.monotonic() + (self.stop_grace_s if wait_s is None else wait_s)
+        while self.stopping and time.monotonic() < deadline:
+            for replica, run in list(self.stopping.items()):
+                if self._exited(run) is not None:
+                    del self.stopping[replica]
+                    self._record_path(replica).unlink(missing_ok=True)
+            time.sleep(0.05)
+        for run in self.stopping.values():
+            self._signal(run, signal.SIGKILL)
+            self._exited(run)
+            self._record_path(run.replica).unlink(missing_ok=True)
+        self.stopping.clear()

@@ -1,0 +1,131 @@
+"""Simulated fleets: many nodes of simulated GPUs, described in one YAML file.
+
+    fabrics:
+      - {name: ib-a, nodes: 4, gpu_class: H100-80GB, gpus_per_node: 8}
+      - {name: ib-b, nodes: 2, gpu_class: A100-80GB, gpus_per_node: 8}
+    nodes:                       # optional, per node
+      ib-a-0: {unhealthy_gpus: {3: "uncorrectable ECC"}, labels: {zone: a}}
+
+Each node is a full agent in one process; only the GPUs are simulated, the replicas are real
+engine processes. Faults (a GPU turning unhealthy, a node going silent, a replica killed) can
+be injected while it runs, through sim/admin.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+MEMORY_MB = {"H100-80GB": 81559, "A100-80GB": 81920, "H200-141GB": 143771, "L40S-48GB": 46068}
+DEFAULT_FLEET = {
+    "fabrics": [
+        {"name": "ib-a", "nodes": 2, "gpu_class": "H100-80GB", "gpus_per_node": 8},
+        {"name": "ib-b", "nodes": 2, "gpu_class": "A100-80GB", "gpus_per_node": 4},
+    ]
+}
+
+
+class FleetFileError(ValueError):
+    pass
+
+
+@dataclass
+class SimInventory:
+    """One simulated node: what NVML would have found, and the faults injected so far."""
+
+    name: str
+    address: str
+    fabric: str
+    gpu_class: str
+    gpu_count: int
+    memory_mb: int
+    labels: dict[str, str] = field(default_factory=dict)
+    faults: dict[int, str] = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "fabric": self.fabric,
+            "labels": {**self.labels, "gpufleet.io/simulated": "true"},
+            "gpus": [
+                {
+                    "index": i,
+                    "uuid": f"GPU-sim-{self.name}-{i}",
+                    "gpu_class": self.gpu_class,
+                    "memory_mb": self.memory_mb,
+                }
+                for i in range(self.gpu_count)
+            ],
+        }
+
+    def health(self) -> list[dict]:
+        return [
+            {"index": i, "healthy": i not in self.faults, "reason": self.faults.get(i, "")}
+            for i in range(self.gpu_count)
+        ]
+
+
+def _positive(entry: dict, key: str, where: str) -> int:
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FleetFileError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def parse_fleet(data, address: str = "127.0.0.1") -> list[SimInventory]:
+    if not isinstance(data, dict) or not isinstance(data.get("fabrics"), list):
+        raise FleetFileError(
+            "a fleet file needs `fabrics:`, a list of {name, nodes, gpu_class, gpus_per_node}"
+        )
+    unknown = set(data) - {"fabrics", "nodes", "address"}
+    if unknown:
+        raise FleetFileError(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
+    address = str(data.get("address", address))
+    nodes: list[SimInventory] = []
+    for i, fabric in enumerate(data["fabrics"]):
+        where = f"fabrics[{i}]"
+        if not isinstance(fabric, dict):
+            raise FleetFileError(f"{where}: expected a mapping")
+        extra = set(fabric) - {"name", "nodes", "gpu_class", "gpus_per_node", "memory_mb"}
+        if extra:
+            raise FleetFileError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+        name, gpu_class = fabric.get("name"), fabric.get("gpu_class")
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", name):
+            raise FleetFileError(f"{where}: name must be lower-case letters, digits, '.', '-'")
+        if not isinstance(gpu_class, str) or not gpu_class:
+            raise FleetFileError(f"{where}: gpu_class is required, such as H100-80GB")
+        count = _positive(fabric, "nodes", where)
+        gpus = _positive(fabric, "gpus_per_node", where)
+        memory = int(fabric.get("memory_mb") or MEMORY_MB.get(gpu_class, 0))
+        nodes += [
+            SimInventory(f"{name}-{n}", address, name, gpu_class, gpus, memory)
+            for n in range(count)
+        ]
+    by_name = {n.name: n for n in nodes}
+    overrides = data.get("nodes") or {}
+    if not isinstance(overrides, dict):
+        raise FleetFileError("nodes: expected a mapping of node name to overrides")
+    for name, override in overrides.items():
+        if name not in by_name:
+            raise FleetFileError(f"nodes.{name}: no such node (nodes are named FABRIC-N)")
+        node = by_name[name]
+        for index, reason in (override.get("unhealthy_gpus") or {}).items():
+            if not isinstance(index, int) or not 0 <= index < node.gpu_count:
+                raise FleetFileError(f"nodes.{name}.unhealthy_gpus: no GPU {index!r}")
+            node.faults[index] = str(reason)
+        node.labels.update({str(k): str(v) for k, v in (override.get("labels") or {}).items()})
+    return nodes
+
+
+def load_fleet(path: str | None, address: str = "127.0.0.1") -> list[SimInventory]:
+    if path is None:
+        return parse_fleet(DEFAULT_FLEET, address)
+    with open(path) as f:
+        try:
+            data = yaml.safe_load(f)
+        except yaml.YAMLError as exc:
+            raise FleetFileError(f"{path}: not valid YAML: {exc}") from None
+    return parse_fleet(data, address)

@@ -1,0 +1,108 @@
+"""The supervisor with real processes: sim engines and small Python programs."""
+
+import asyncio
+import os
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from controlplane.agent.supervisor import Supervisor, process_alive
+
+ENGINE = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
+
+
+def assignment(replica, command=ENGINE, gpus=(0,), rank=0):
+    return {
+        "replica": replica,
+        "model": "m",
+        "command": command,
+        "env": {"EXTRA": "1"},
+        "health_path": "/health",
+        "gpus": list(gpus),
+        "rank": rank,
+        "nnodes": 1,
+        "master_addr": "127.0.0.1",
+    }
+
+
+async def settle(supervisor, until, timeout=15.0):
+    async with aiohttp.ClientSession() as session:
+        deadline = time.monotonic() + timeout
+        while True:
+            await supervisor.check(session)
+            if until():
+                return
+            assert time.monotonic() < deadline, supervisor.reports()
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def supervisors(tmp_path):
+    made = []
+
+    def make():
+        supervisor = Supervisor(tmp_path / "node", "127.0.0.1", stop_grace_s=3)
+        made.append(supervisor)
+        return supervisor
+
+    yield make
+    for supervisor in made:
+        supervisor.stop_all(wait_s=3)
+
+
+def test_start_ready_then_unassigned_is_stopped(supervisors):
+    supervisor = supervisors()
+    supervisor.reconcile([assignment("r1", gpus=(2, 3))])
+    run = supervisor.running["r1"]
+    env = open(f"/proc/{run.pid}/environ", "rb").read().split(b"\0")
+    assert b"CUDA_VISIBLE_DEVICES=2,3" in env and b"EXTRA=1" in env and b"NODE_RANK=0" in env
+    asyncio.run(settle(supervisor, lambda: supervisor.reports()["r1"]["state"] == "Ready"))
+    assert supervisor.reports()["r1"]["url"] == f"http://127.0.0.1:{run.port}"
+    supervisor.reconcile([])
+    asyncio.run(settle(supervisor, lambda: not supervisor.stopping))
+    assert not process_alive(run.pid)
+    assert list((supervisor.records).glob("*.json")) == []
+
+
+def test_a_crash_is_failed_with_exit_code_and_log_tail(supervisors):
+    supervisor = supervisors()
+    crash = [sys.executable, "-c", "print('CUDA error: out of memory'); raise SystemExit(3)"]
+    supervisor.reconcile([assignment("r1", command=crash)])
+    asyncio.run(settle(supervisor, lambda: "r1" in supervisor.failed))
+    report = supervisor.reports()["r1"]
+    assert report["state"] == "Failed" and report["exit_code"] == 3
+    assert "out of memory" in report["log_tail"]
+    supervisor.reconcile([assignment("r1", command=crash)])
+    assert "r1" not in supervisor.running, "a failed replica is not restarted under the same id"
+
+
+def test_a_missing_program_fails_clearly(supervisors):
+    supervisor = supervisors()
+    supervisor.reconcile([assignment("r1", command=["no-such-engine-binary", "{port}"])])
+    assert "cannot start no-such-engine-binary" in supervisor.reports()["r1"]["reason"]
+
+
+def test_a_restarted_agent_adopts_or_stops_what_it_started(supervisors):
+    first = supervisors()
+    first.reconcile([assignment("keep"), assignment("drop", gpus=(1,))])
+    keep, drop = first.running["keep"].pid, first.running["drop"].pid
+    second = supervisors()  # a new agent on the same state directory
+    assert set(second.running) == {"keep", "drop"}
+    second.reconcile([assignment("keep")])
+    asyncio.run(settle(second, lambda: not second.stopping))
+    assert process_alive(keep) and not process_alive(drop)
+    assert second.running["keep"].pid == keep
+
+
+def test_a_reused_pid_is_not_adopted(supervisors, tmp_path):
+    first = supervisors()
+    first.reconcile([assignment("r1")])
+    record = first.records / "r1.json"
+    text = record.read_text().replace(str(first.running["r1"].pid), str(os.getpid()))
+    first.stop_all(wait_s=3)
+    record.write_text(text)
+    second = supervisors()
+    assert "r1" not in second.running and second.failed["r1"].state == "Failed"
+    assert process_alive(os.getpid())
