@@ -3,18 +3,48 @@
 import click
 
 from cli.cmd_agent import agent
+from cli.cmd_apply import apply, cordon, delete, drain, scale, uncordon
 from cli.cmd_server import server
+from cli.cmd_sim import sim
 from cli.cmd_sim_engine import sim_engine
+from cli.cmd_status import status
+from cli.cmd_tables import models, nodes, replicas
+from cli.cmd_up import up
+from cli.context import Context
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def gpuctl():
+@click.option(
+    "--server",
+    envvar="GPUCTL_SERVER",
+    default=None,
+    help="Control plane URL (default: GPUCTL_SERVER, the config file, http://127.0.0.1:8081).",
+)
+@click.option("--token", envvar="GPUCTL_TOKEN", default=None, help="Admin token.")
+@click.pass_context
+def gpuctl(click_ctx, server, token):
     """Operate a gpufleet: status, nodes, replicas, models, and the daemons themselves."""
+    click_ctx.obj = Context(server, token)
 
 
-gpuctl.add_command(sim_engine)
-gpuctl.add_command(server)
-gpuctl.add_command(agent)
+for command in (
+    status,
+    nodes,
+    replicas,
+    models,
+    apply,
+    delete,
+    scale,
+    cordon,
+    uncordon,
+    drain,
+    up,
+    server,
+    agent,
+    sim,
+    sim_engine,
+):
+    gpuctl.add_command(command)
 
 
 def main() -> None:

@@ -33,7 +33,9 @@ async def serve(
     reconciler.tick()
     wake = asyncio.Event()
     app = build_app(fleet, reconciler, tokens, wake)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=3
+    )
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -8,6 +8,7 @@ import signal
 import sys
 
 import click
+import yaml
 
 from router.proxy import ProxyConfig
 from router.routes import static_routes
@@ -21,11 +22,19 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def read_secret(path: str | None) -> str | None:
+def read_token(path: str | None) -> str | None:
+    """The router's token: a file holding just the token, or YAML with a `router` entry."""
     if not path:
         return None
     with open(path) as f:
-        return f.read().strip() or None
+        text = f.read().strip()
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError:
+        loaded = None
+    if isinstance(loaded, dict):
+        return str(loaded.get("router") or loaded.get("admin") or "") or None
+    return text or None
 
 
 @click.command(
@@ -125,7 +134,7 @@ def main(
         port=port,
         static_routes=routes,
         control_plane=control_plane,
-        token=read_secret(token_file),
+        token=read_token(token_file),
         router_id=router_id,
         tick_s=tick_s,
         drain_s=drain_s,

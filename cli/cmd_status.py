@@ -1,0 +1,149 @@
+"""`gpuctl status`: the whole fleet on one screen, at 4 nodes or 2,000."""
+
+import click
+
+from cli.context import Context, pass_context
+from cli.render import bar, duration, echo_json, idle_text, paint, table, truncate, use_colour
+from controlplane.model import parse_duration
+
+MAX_LINES = 8  # per list, so that the screen stays one screen
+
+
+def render_status(s: dict, colour: bool, width: int = 80) -> str:
+    out = []
+    nodes = s["nodes"]
+    head = f"{nodes['total']} nodes ({nodes['ready']} Ready"
+    if nodes["not_ready"]:
+        head += ", " + paint(f"{nodes['not_ready']} NotReady", "red", colour)
+    if nodes["cordoned"] or nodes["draining"]:
+        head += f", {nodes['cordoned']} cordoned, {nodes['draining']} draining"
+    head += f")   {len(s['fabrics'])} fabric(s)"
+    out.append(paint("FLEET", "bold", colour) + "  " + head)
+    out.append("")
+    rows = []
+    for gpu_class, c in s["capacity"].items():
+        share = f"{100 * c['used'] // c['total']}%" if c["total"] else "-"
+        rows.append(
+            [
+                gpu_class,
+                c["used"],
+                c["free"],
+                c["unhealthy"],
+                c["unavailable"],
+                c["total"],
+                bar(c["used"], c["total"], 16, colour) + " " + share.rjust(4),
+            ]
+        )
+    if rows:
+        out.append(
+            table(
+                ["GPU CLASS", "USED", "FREE", "UNHEALTHY", "OTHER", "TOTAL", "USAGE"],
+                rows,
+                right={1, 2, 3, 4, 5},
+            )
+        )
+    else:
+        out.append("No GPUs registered yet.")
+    out.append("")
+    fabric_rows = [
+        [name, f["nodes"], f["ready"], f["whole_free"]]
+        for name, f in list(s["fabrics"].items())[:MAX_LINES]
+    ]
+    if fabric_rows:
+        out.append(
+            table(["FABRIC", "NODES", "READY", "WHOLE NODES FREE"], fabric_rows, right={1, 2, 3})
+        )
+        if len(s["fabrics"]) > MAX_LINES:
+            out.append(f"… and {len(s['fabrics']) - MAX_LINES} more fabrics")
+        out.append("")
+
+    def counts(section):
+        by_state = section["by_state"]
+        parts = [f"{n} {state}" for state, n in by_state.items()]
+        return f"{section['total']}" + (f" ({', '.join(parts)})" if parts else "")
+
+    out.append(f"MODELS    {counts(s['models'])}")
+    out.append(f"REPLICAS  {counts(s['replicas'])}")
+    if s["unplaceable"]:
+        out.append("")
+        out.append(paint("CANNOT BE PLACED", "yellow", colour))
+        for item in s["unplaceable"][:MAX_LINES]:
+            out.append("  " + truncate(item["reason"], width - 2))
+        if len(s["unplaceable"]) > MAX_LINES:
+            out.append(f"  … and {len(s['unplaceable']) - MAX_LINES} more")
+    if s["unhealthy_gpus"]:
+        out.append("")
+        out.append(paint(f"UNHEALTHY GPUS ({len(s['unhealthy_gpus'])})", "red", colour))
+        for gpu in s["unhealthy_gpus"][:MAX_LINES]:
+            out.append(
+                "  " + truncate(f"{gpu['node']} gpu {gpu['index']}: {gpu['reason']}", width - 2)
+            )
+        if len(s["unhealthy_gpus"]) > MAX_LINES:
+            out.append(f"  … and {len(s['unhealthy_gpus']) - MAX_LINES} more")
+    idle = s["idle"]
+    out.append("")
+    threshold = (
+        duration(idle["threshold_s"])
+        if idle["threshold_s"] is not None
+        else "each model's idle_after"
+    )
+    title = (
+        f"UNUSED PAST {threshold}: {len(idle['replicas'])} replica(s) holding "
+        f"{idle['gpus_held']} GPU(s)"
+    )
+    out.append(paint(title, "yellow" if idle["replicas"] else "", colour))
+    if idle["replicas"]:
+        rows = [
+            [
+                r["id"],
+                r["model"],
+                truncate(",".join(r["nodes"]), 20),
+                r["gpus"],
+                idle_text(r["idle_s"], r["idle_state"]),
+            ]
+            for r in idle["replicas"][:MAX_LINES]
+        ]
+        out.append(
+            table(
+                ["  REPLICA", "MODEL", "NODES", "GPUS", "IDLE"],
+                [["  " + str(r[0]), *r[1:]] for r in rows],
+                right={3},
+            )
+        )
+        if len(idle["replicas"]) > MAX_LINES:
+            out.append(f"  … and {len(idle['replicas']) - MAX_LINES} more (gpuctl replicas)")
+    if idle["unknown"]:
+        out.append(
+            paint(
+                f"  {idle['unknown']} replica(s) with unknown use (no live router "
+                "reports them): never counted as idle",
+                "dim",
+                colour,
+            )
+        )
+    return "\n".join(out)
+
+
+@click.command("status")
+@click.option(
+    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
+@click.option(
+    "--idle-after",
+    default="30m",
+    show_default=True,
+    help="List replicas unused for longer than this (e.g. 90s, 30m, 2h).",
+)
+@pass_context
+def status(ctx: Context, output: str, as_json: bool, idle_after: str):
+    """How full the fleet is, what is broken, what cannot be placed, what nobody uses."""
+    try:
+        seconds = parse_duration(idle_after, "idle-after")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--idle-after") from None
+    answer = ctx.get(f"/v1/summary?idle_after={seconds}")
+    if output == "json" or as_json:
+        echo_json(answer)
+    else:
+        click.echo(render_status(answer, use_colour()))

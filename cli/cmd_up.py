@@ -1,0 +1,82 @@
+"""`gpuctl up`: control plane, agent, router and demo models on this machine."""
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from cli.up import FleetUp
+from router.main import parse_listen
+
+
+@click.command("up")
+@click.option(
+    "--dir",
+    "workdir",
+    default="./.gpufleet",
+    show_default=True,
+    help="State, tokens and logs; re-running reuses them.",
+)
+@click.option("--server-listen", default="127.0.0.1:8081", show_default=True)
+@click.option("--router-listen", default="127.0.0.1:8080", show_default=True)
+@click.option(
+    "--sim-admin-listen",
+    default="127.0.0.1:8082",
+    show_default=True,
+    help="Fault injection for the simulated fleet (gpuctl sim ...).",
+)
+@click.option(
+    "--simulate/--detect",
+    default=None,
+    help="Force a simulated fleet, or use NVML's GPUs (default: NVML if it finds any).",
+)
+@click.option(
+    "--fleet",
+    "fleet_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Simulated fleet file (default: 2 fabrics, 2 GPU classes, 4 nodes).",
+)
+@click.option("--no-demo", is_flag=True, help="Do not apply the demo models.")
+@click.option(
+    "--tick",
+    "tick_s",
+    default=2.0,
+    show_default=True,
+    help="The router's activity report period (s).",
+)
+def up(
+    workdir, server_listen, router_listen, sim_admin_listen, simulate, fleet_file, no_demo, tick_s
+):
+    """Run a whole fleet on this machine until Ctrl-C."""
+    fleet = FleetUp(
+        Path(workdir),
+        parse_listen(server_listen),
+        parse_listen(router_listen),
+        parse_listen(sim_admin_listen),
+        simulate,
+        fleet_file,
+        tick_s,
+        click.echo,
+    )
+
+    def ask_to_stop(signum, frame):
+        fleet.stopping = True
+
+    previous = {s: signal.signal(s, ask_to_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
+    try:
+        click.echo("gpufleet: starting")
+        fleet.start()
+        models = [] if no_demo else fleet.apply_demo()
+        click.echo(fleet.banner(models))
+        code = fleet.supervise()
+    except click.ClickException as exc:
+        exc.show()
+        code = 1
+    finally:
+        fleet.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        click.echo("gpufleet: stopped")
+    sys.exit(code)

@@ -1,0 +1,48 @@
+"""The object every gpuctl command receives: where the control plane is, and how to call it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import click
+
+from cli import client
+from cli.config import ClientConfig, resolve
+
+OUTPUT = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "wide", "json"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
+NO_HEADERS = click.option("--no-headers", is_flag=True, help="Leave the header row out.")
+
+
+@dataclass
+class Context:
+    server_flag: str | None
+    token_flag: str | None
+    _config: ClientConfig | None = None
+
+    @property
+    def config(self) -> ClientConfig:
+        if self._config is None:
+            try:
+                self._config = resolve(self.server_flag, self.token_flag)
+            except ValueError as exc:
+                raise click.ClickException(str(exc)) from None
+        return self._config
+
+    def get(self, path: str):
+        return client.request(self.config.server, "GET", path, token=self.config.token)
+
+    def post(self, path: str, body=None):
+        return client.request(self.config.server, "POST", path, body or {}, token=self.config.token)
+
+    def delete(self, path: str):
+        return client.request(self.config.server, "DELETE", path, token=self.config.token)
+
+
+pass_context = click.make_pass_decorator(Context)

@@ -1,0 +1,352 @@
+"""`gpuctl up`: a whole fleet on this machine, from one command, until Ctrl-C.
+
+It starts the control plane, an agent (real GPUs when NVML finds any, else a simulated fleet)
+and a router, each a separate process in its own session; writes the client config so that
+`gpuctl status` in another terminal just works; applies demo models; restarts a part that
+dies; and on Ctrl-C or SIGTERM stops everything it started, router first.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from cli import client
+from cli.config import write_config
+from controlplane.tokens import load_tokens, write_tokens
+
+DEMO_COMMAND = [
+    "gpuctl",
+    "sim-engine",
+    "--port",
+    "{port}",
+    "--model",
+    "{model}",
+    "--ttft",
+    "0.05",
+    "--tokens-per-s",
+    "200",
+    "--output-tokens",
+    "32",
+]
+RESTARTS_PER_MINUTE = 5
+
+
+def demo_models(gpu_classes: list[str]) -> list[dict]:
+    first = gpu_classes[0]
+    second = gpu_classes[1] if len(gpu_classes) > 1 else first
+    return [
+        {
+            "name": "llama-3.1-8b",
+            "gpu_class": first,
+            "replicas": 2,
+            "gpus_per_replica": 1,
+            "command": DEMO_COMMAND,
+            "idle_after": "30m",
+        },
+        {
+            "name": "qwen2.5-7b",
+            "gpu_class": second,
+            "replicas": 1,
+            "gpus_per_replica": 2,
+            "command": DEMO_COMMAND,
+            "idle_after": "30m",
+        },
+    ]
+
+
+def program(name: str) -> list[str]:
+    """How to run one of our own commands: the script beside this Python, else -m."""
+    script = Path(sys.executable).parent / name
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", {"gpuctl": "cli", "gpurouter": "router"}[name]]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise click.ClickException(f"it exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise click.ClickException(f"{url} did not answer within {timeout:.0f}s")
+
+
+@dataclass
+class Part:
+    name: str
+    argv: list[str]
+    health_url: str
+    proc: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+
+class FleetUp:
+    def __init__(
+        self,
+        workdir: Path,
+        server_listen,
+        router_listen,
+        admin_listen,
+        simulate: bool | None,
+        fleet_file: str | None,
+        tick_s: float,
+        echo,
+    ) -> None:
+        self.dir = workdir.resolve()
+        self.logs = self.dir / "logs"
+        self.pids = self.dir / "pids"
+        self.server_url = f"http://{server_listen[0]}:{server_listen[1]}"
+        self.router_url = f"http://{router_listen[0]}:{router_listen[1]}"
+        self.admin_url = f"http://{admin_listen[0]}:{admin_listen[1]}"
+        self.listens = {
+            "control plane": server_listen,
+            "router": router_listen,
+            "fault injection": admin_listen,
+        }
+        self.simulate = simulate
+        self.fleet_file = fleet_file
+        self.tick_s = tick_s
+        self.echo = echo
+        self.parts: list[Part] = []
+        self.stopping = False
+
+    # start
+
+    def start(self) -> None:
+        for directory in (self.dir, self.logs, self.pids):
+            directory.mkdir(parents=True, exist_ok=True)
+        busy = [
+            f"{what} ({host}:{port})"
+            for what, (host, port) in self.listens.items()
+            if not port_is_free(host, port)
+        ]
+        if busy:
+            raise click.ClickException(
+                "already in use: " + ", ".join(busy) + " (another gpuctl up? pick other ports with "
+                "--server-listen/--router-listen/--sim-admin-listen)"
+            )
+        token_file = self.dir / "tokens.yaml"
+        tokens = load_tokens(token_file) if token_file.exists() else write_tokens(token_file)
+        self.admin_token = tokens["admin"]
+        simulate = self.simulate
+        if simulate is None:
+            from controlplane.agent.nvml import load_nvml
+
+            simulate = load_nvml() is None
+        self.simulated = simulate
+        gpuctl, gpurouter = program("gpuctl"), program("gpurouter")
+        server_host, server_port = self.listens["control plane"]
+        self.parts = [
+            Part(
+                "control plane",
+                [
+                    *gpuctl,
+                    "server",
+                    "--listen",
+                    f"{server_host}:{server_port}",
+                    "--state",
+                    str(self.dir / "state.sqlite"),
+                    "--token-file",
+                    str(token_file),
+                    "--node-timeout",
+                    "10",
+                ],
+                self.server_url + "/healthz",
+            ),
+            Part(
+                "agent",
+                [
+                    *gpuctl,
+                    "agent",
+                    "--server",
+                    self.server_url,
+                    "--token-file",
+                    str(token_file),
+                    "--state-dir",
+                    str(self.dir / "agent"),
+                    "--heartbeat",
+                    "1",
+                    "--stop-grace",
+                    "10",
+                    *(
+                        [
+                            "--simulate",
+                            self.fleet_file or "-",
+                            "--sim-admin",
+                            "{}:{}".format(*self.listens["fault injection"]),
+                        ]
+                        if simulate
+                        else ["--stop-replicas-on-exit"]
+                    ),
+                ],
+                self.admin_url + "/nodes" if simulate else "",
+            ),
+            Part(
+                "router",
+                [
+                    *gpurouter,
+                    "--listen",
+                    "{}:{}".format(*self.listens["router"]),
+                    "--control-plane",
+                    self.server_url,
+                    "--token-file",
+                    str(token_file),
+                    "--tick",
+                    str(self.tick_s),
+                ],
+                self.router_url + "/healthz",
+            ),
+        ]
+        for part in self.parts:
+            self.echo(f"  starting {part.name:<14}", nl=False)
+            self.launch(part)
+            if part.health_url:
+                try:
+                    wait_http(part.health_url, 30, part.proc)
+                except click.ClickException as exc:
+                    self.echo("failed")
+                    raise click.ClickException(
+                        f"the {part.name} did not start: {exc.message}; see "
+                        f"{self.logs / self.log_name(part)}"
+                    ) from None
+            self.echo(f"ok   pid {part.proc.pid}")
+        write_config(self.server_url, self.admin_token, self.admin_url if simulate else None)
+
+    def log_name(self, part: Part) -> str:
+        return part.name.replace(" ", "-") + ".log"
+
+    def launch(self, part: Part) -> None:
+        log = open(self.logs / self.log_name(part), "ab")
+        part.proc = subprocess.Popen(
+            part.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        (self.pids / (part.name.replace(" ", "-") + ".pid")).write_text(f"{part.proc.pid}\n")
+
+    # demo
+
+    def apply_demo(self, timeout_s: float = 90.0) -> list[str]:
+        deadline = time.monotonic() + 30
+        while True:
+            nodes = client.request(self.server_url, "GET", "/v1/nodes")["items"]
+            if nodes or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        classes = sorted({c for n in nodes for c in n["gpu_classes"]})
+        if not classes:
+            self.echo("  no GPU registered: skipping the demo models")
+            return []
+        existing = {
+            m["name"] for m in client.request(self.server_url, "GET", "/v1/models")["items"]
+        }
+        names = []
+        for spec in demo_models(classes):
+            names.append(spec["name"])
+            if spec["name"] not in existing:
+                client.request(self.server_url, "POST", "/v1/models", spec, token=self.admin_token)
+                self.echo(
+                    f"  applied model {spec['name']} ({spec['replicas']} x "
+                    f"{spec['gpus_per_replica']} {spec['gpu_class']})"
+                )
+        self.echo("  waiting for replicas ", nl=False)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            models = client.request(self.server_url, "GET", "/v1/models")["items"]
+            ready = {m["name"]: m["ready"] >= m["desired"] for m in models}
+            if all(ready.get(name) for name in names):
+                self.echo(" ready")
+                return names
+            self.echo(".", nl=False)
+            time.sleep(0.5)
+        self.echo(" still starting (see gpuctl replicas)")
+        return names
+
+    def banner(self, models: list[str]) -> str:
+        model = models[0] if models else "MODEL"
+        lines = [
+            "",
+            "gpufleet is up" + (" on a simulated fleet" if self.simulated else ""),
+            f"  router         {self.router_url}   (OpenAI-compatible: {self.router_url}/v1)",
+            f"  control plane  {self.server_url}",
+            f"  state, logs    {self.dir}",
+            "",
+            "Try, in another terminal:",
+            "  gpuctl status",
+            f"  curl -s {self.router_url}/v1/chat/completions -H 'Content-Type: "
+            f"application/json' \\",
+            f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}}\'',
+            f"  python -c \"import openai; c = openai.OpenAI(base_url='{self.router_url}/v1', "
+            f"api_key='-'); print(c.models.list())\"",
+            "  gpuctl replicas          # IDLE: -, 12m, or ≥1h (a lower bound)",
+        ]
+        if self.simulated:
+            lines.append("  gpuctl sim gpu-fail ib-a-0 3   # and watch gpuctl status")
+        lines += ["", "Ctrl-C stops everything."]
+        return "\n".join(lines)
+
+    # run
+
+    def supervise(self) -> int:
+        """Restart a part that dies (a few times a minute at most) until asked to stop."""
+        while not self.stopping:
+            for part in self.parts:
+                code = part.proc.poll()
+                if code is None or self.stopping:
+                    continue
+                now = time.monotonic()
+                part.restarts = [t for t in part.restarts if now - t < 60] + [now]
+                if len(part.restarts) > RESTARTS_PER_MINUTE:
+                    self.echo(
+                        f"the {part.name} keeps exiting (code {code}); giving up, see "
+                        f"{self.logs / self.log_name(part)}",
+                        err=True,
+                    )
+                    return 1
+                self.echo(f"the {part.name} exited with code {code}; restarting it", err=True)
+                self.launch(part)
+            time.sleep(0.3)
+        return 0
+
+    def stop(self) -> None:
+        self.stopping = True
+        for part in reversed(self.parts):
+            if part.proc is None or part.proc.poll() is not None:
+                continue
+            self.echo(f"  stopping {part.name}")
+            part.proc.send_signal(signal.SIGTERM)
+            try:
+                part.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                part.proc.kill()
+                part.proc.wait()
+        for pid_file in self.pids.glob("*.pid"):
+            pid_file.unlink(missing_ok=True)
