@@ -6,7 +6,7 @@ from cli.context import Context, pass_context
 from cli.render import bar, duration, echo_json, idle_text, paint, table, truncate, use_colour
 from controlplane.model import parse_duration
 
-MAX_LINES = 8  # per list, so that the screen stays one screen
+MAX_LINES = 5  # per list, so that the screen stays one screen at 2,000 nodes
 
 
 def render_status(s: dict, colour: bool, width: int = 80) -> str:
@@ -45,9 +45,10 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
     else:
         out.append("No GPUs registered yet.")
     out.append("")
+    # Where a multi-node replica could go first: most whole free nodes at the top.
+    fabrics = sorted(s["fabrics"].items(), key=lambda item: (-item[1]["whole_free"], item[0]))
     fabric_rows = [
-        [name, f["nodes"], f["ready"], f["whole_free"]]
-        for name, f in list(s["fabrics"].items())[:MAX_LINES]
+        [name, f["nodes"], f["ready"], f["whole_free"]] for name, f in fabrics[:MAX_LINES]
     ]
     if fabric_rows:
         out.append(
@@ -115,8 +116,8 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
     if idle["unknown"]:
         out.append(
             paint(
-                f"  {idle['unknown']} replica(s) with unknown use (no live router "
-                "reports them): never counted as idle",
+                f"  {idle['unknown']} replica(s) of unknown use, not counted: no live router "
+                "reports them",
                 "dim",
                 colour,
             )

@@ -1,0 +1,94 @@
+"""gpuctl through click's CliRunner against a real `gpuctl server` process."""
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from cli.main import gpuctl
+from tests.controlplane.conftest import make_node, spec
+from tests.harness import call, control_plane, free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cp(procs, tmp_path, monkeypatch):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("sekret\n")
+    url, _ = control_plane(procs, tmp_path / "state.sqlite", tokens, "--tick", "0.2")
+    monkeypatch.setenv("GPUCTL_CONFIG", str(tmp_path / "no-such-config.yaml"))
+    monkeypatch.delenv("GPUCTL_SERVER", raising=False)
+    monkeypatch.delenv("GPUCTL_TOKEN", raising=False)
+    return url
+
+
+def run(*args, env=None, input=None):
+    return CliRunner().invoke(gpuctl, list(args), env=env, input=input, catch_exceptions=False)
+
+
+def test_apply_list_scale_delete(cp, tmp_path):
+    specs = tmp_path / "models.yaml"
+    specs.write_text(
+        yaml.safe_dump_all([spec(name="llama", replicas=1), spec(name="qwen", gpus_per_replica=4)])
+    )
+    auth = ["--server", cp, "--token", "sekret"]
+    result = run(*auth, "apply", "-f", str(specs))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["model/llama created", "model/qwen created"]
+    assert run(*auth, "apply", "-f", str(specs)).output.splitlines()[0] == "model/llama unchanged"
+    empty = json.loads(run(*auth, "nodes", "-o", "json").output)
+    assert empty["items"] == []
+    call("POST", cp + "/v1/nodes", make_node("gpu-1", gpus=2), token="sekret")
+    assert run(*auth, "scale", "llama", "2").output == "model/llama scaled to 2\n"
+    listed = run(*auth, "models", "--no-headers").output.splitlines()
+    assert listed[0].split()[:4] == ["llama", "H100-80GB", "1", "0/2"]
+    assert listed[1].split()[:5] == ["qwen", "H100-80GB", "4", "0/1", "Unplaceable"]
+    wide = run(*auth, "models", "-o", "wide").output
+    assert "needs 4 free H100-80GB GPUs on one node" in wide
+    nodes = run(*auth, "nodes").output.splitlines()
+    assert nodes[0].split()[:3] == ["NAME", "STATUS", "FABRIC"]
+    assert nodes[1].split()[:2] == ["gpu-1", "Ready"]
+    replicas = json.loads(run(*auth, "replicas", "-o", "json").output)["items"]
+    assert {r["idle_state"] for r in replicas} == {"unknown"}
+    table = run(*auth, "replicas").output.splitlines()
+    assert all(line.split()[5] == "-" for line in table[1:]), "unknown shows as -"
+    assert run(*auth, "cordon", "gpu-1").output == "node/gpu-1 cordoned\n"
+    assert "SchedulingDisabled" in run(*auth, "nodes").output
+    assert run(*auth, "delete", "qwen").output == "model/qwen deleted\n"
+    status = json.loads(run(*auth, "status", "-o", "json").output)
+    assert status["models"]["total"] == 1
+    assert status["capacity"]["H100-80GB"]["total"] == 2
+
+
+def test_errors_are_one_line_and_exit_1_usage_is_exit_2(cp, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(spec(replicas=-1)))
+    result = run("--server", cp, "--token", "sekret", "apply", "-f", str(bad))
+    assert result.exit_code == 1
+    assert "replicas: must not be negative" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    unauthorised = run("--server", cp, "apply", "-f", str(bad))
+    assert unauthorised.exit_code == 1 and "401" in unauthorised.output
+    missing = run("--server", cp, "--token", "sekret", "delete", "nope")
+    assert missing.exit_code == 1 and "404: model nope not found" in missing.output
+    down = run("--server", f"http://127.0.0.1:{free_port()}", "status")
+    assert down.exit_code == 1 and "cannot reach the control plane" in down.output
+    assert run("--server", cp, "scale", "llama", "-3").exit_code == 2
+    assert run("--server", cp, "nodes", "-o", "yaml").exit_code == 2
+    assert run("--server", cp, "status", "--idle-after", "soon").exit_code == 2
+    assert json.loads(run("--server", cp, "models", "-o", "json").output)["items"] == []
+
+
+def test_server_and_token_come_from_env_then_config_file(cp, tmp_path, monkeypatch):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"server": cp, "token": "sekret"}))
+    monkeypatch.setenv("GPUCTL_CONFIG", str(config))
+    assert run("scale", "nope", "1").output.startswith("Error: 404")
+    result = run("status", env={"GPUCTL_SERVER": f"http://127.0.0.1:{free_port()}"})
+    assert "cannot reach" in result.output, "the environment wins over the config file"
+    flagged = run(
+        "--server", f"http://127.0.0.1:{free_port()}", "status", env={"GPUCTL_SERVER": cp}
+    )
+    assert "cannot reach" in flagged.output, "a flag wins over the environment"

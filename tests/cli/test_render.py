@@ -1,0 +1,81 @@
+import re
+
+from cli.cmd_status import render_status
+from cli.render import bar, duration, idle_text
+from controlplane.fleet import FleetSnapshot
+from controlplane.idle import IdleState
+from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
+from controlplane.summary import summary
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_idle_column_tells_unknown_exact_and_lower_bound_apart():
+    assert idle_text(-1, "unknown") == "-"
+    assert idle_text(720, "exact") == "12m"
+    assert idle_text(3600, "at_least") == "≥1h"
+    assert idle_text(0, "exact") == "0s"
+    assert duration(5400) == "1h30m" and duration(90000) == "1d"
+
+
+def test_bar_is_proportional():
+    assert bar(5, 10, 10) == "[█████·····]"
+    assert bar(0, 0, 4) == "[    ]"
+
+
+def big_fleet(nodes=2000, fabrics=10):
+    node_list, replicas, idle = [], [], {}
+    for i in range(nodes):
+        gpus = [
+            GPU(
+                j,
+                f"u{i}-{j}",
+                "H100-80GB" if i % 2 else "A100-80GB",
+                healthy=(i * 8 + j) % 997 != 0,
+                reason="XID 79",
+            )
+            for j in range(8)
+        ]
+        node_list.append(Node(f"node-{i:04d}", "10.0.0.1", f"fabric-{i % fabrics}", gpus))
+    specs = [
+        ModelSpec(name=f"m{k}", gpu_class="H100-80GB", command=["x"], replicas=10)
+        for k in range(50)
+    ]
+    for k in range(500):
+        replica = Replica(
+            f"m{k % 50}-{k}",
+            f"m{k % 50}",
+            [Slice(f"node-{(2 * k + 1):04d}", [1, 2])],
+            state=ReplicaState.READY,
+        )
+        replicas.append(replica)
+        idle[replica.id] = [
+            (-1.0, IdleState.UNKNOWN),
+            (4000.0, IdleState.EXACT),
+            (7200.0, IdleState.AT_LEAST),
+        ][k % 3]
+    reasons = {
+        f"m{k}": f"3 replica(s) of m{k} cannot be placed: needs 8 free H100-80GB GPUs "
+        "on one node; the best of 1000 usable node(s) has 6"
+        for k in range(20)
+    }
+    return FleetSnapshot(node_list, replicas, specs, reasons, idle, now=1e6)
+
+
+def test_status_stays_one_readable_screen_at_2000_nodes():
+    text = render_status(summary(big_fleet(), 1800), colour=False)
+    lines = text.splitlines()
+    assert len(lines) <= 50
+    assert max(len(line) for line in lines) <= 80
+    assert "2000 nodes (2000 Ready)" in lines[0]
+    assert "… and 5 more fabrics" in text
+    assert "UNUSED PAST 30m: 333 replica(s) holding 666 GPU(s)" in text
+    assert "167 replica(s) of unknown use, not counted" in text
+    assert "≥2h" in text
+    assert not ANSI.search(text)
+
+
+def test_colour_only_when_asked():
+    data = summary(big_fleet(40, 2), 1800)
+    assert ANSI.search(render_status(data, colour=True))
+    assert not ANSI.search(render_status(data, colour=False))
