@@ -1,0 +1,165 @@
+"""`gpuctl up` end to end: a fleet from one command, used, inspected, hurt, and stopped."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from controlplane.agent.supervisor import process_alive
+from tests.harness import BIN, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def wait_until(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_gpuctl_up_end_to_end(tmp_path):
+    ports = {name: free_port() for name in ("server", "router", "admin")}
+    env = {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "NO_COLOR": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("GPUCTL_SERVER", None)
+    env.pop("GPUCTL_TOKEN", None)
+    env.pop("GPUCTL_CONFIG", None)
+    log = open(tmp_path / "up.log", "wb")
+    up = subprocess.Popen(
+        [
+            str(BIN / "gpuctl"),
+            "up",
+            "--dir",
+            str(tmp_path / "fleet"),
+            "--simulate",
+            "--server-listen",
+            f"127.0.0.1:{ports['server']}",
+            "--router-listen",
+            f"127.0.0.1:{ports['router']}",
+            "--sim-admin-listen",
+            f"127.0.0.1:{ports['admin']}",
+            "--tick",
+            "0.5",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    output = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
+    fleet_dir = tmp_path / "fleet"
+
+    def gpuctl(*args):
+        done = subprocess.run(
+            [str(BIN / "gpuctl"), *args], env=env, capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def status():
+        return json.loads(gpuctl("status", "-o", "json", "--idle-after", "60s"))
+
+    def replicas():
+        return {r["id"]: r for r in json.loads(gpuctl("replicas", "-o", "json"))["items"]}
+
+    children = []
+    try:
+        wait_until(lambda: "gpufleet is up" in output() or up.poll() is not None, 120, "gpuctl up")
+        assert up.poll() is None, output()
+        children = [int(p.read_text()) for p in (fleet_dir / "pids").glob("*.pid")]
+        assert len(children) == 3
+        api = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{ports['router']}/v1", api_key="-", max_retries=0
+        )
+        answer = api.chat.completions.create(
+            model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert answer.choices[0].message.content
+        streamed = list(
+            api.chat.completions.create(
+                model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+        )
+        assert len(streamed) > 2
+
+        first = status()
+        assert first["replicas"]["by_state"] == {"Ready": 3}
+        assert first["capacity"]["H100-80GB"]["total"] == 16
+        assert first["capacity"]["A100-80GB"]["total"] == 8
+        used_gpus = sum(c["used"] for c in first["capacity"].values())
+        assert used_gpus == 4
+        wait_until(
+            lambda: any(r["idle_state"] == "exact" for r in replicas().values()),
+            what="the used replica to be seen used",
+        )
+        rows = replicas()
+        used = [r for r in rows.values() if r["idle_state"] == "exact"]
+        unused = [r for r in rows.values() if r["model"] == "qwen2.5-7b"]
+        assert used and used[0]["model"] == "llama-3.1-8b" and used[0]["idle_s"] < 30
+        assert unused[0]["idle_state"] == "at_least"
+        bound = unused[0]["idle_s"]
+        wait_until(
+            lambda: replicas()[unused[0]["id"]]["idle_s"] > bound + 1,
+            what="the lower bound to grow",
+        )
+
+        bound_before = replicas()[unused[0]["id"]]["idle_s"]
+        router_pid = int((fleet_dir / "pids" / "router.pid").read_text())
+        os.kill(router_pid, signal.SIGTERM)
+        wait_until(
+            lambda: int((fleet_dir / "pids" / "router.pid").read_text()) != router_pid,
+            what="gpuctl up to restart the router",
+        )
+        children.append(int((fleet_dir / "pids" / "router.pid").read_text()))
+        # The new router has watched for a moment: the bound falls back to that moment.
+        wait_until(
+            lambda: replicas()[unused[0]["id"]]["idle_s"] < bound_before,
+            what="the restarted router to hold the bound down",
+        )
+        after = status()
+        assert after["idle"]["replicas"] == [], "a router restart makes nothing look idle"
+
+        node = unused[0]["nodes"][0]
+        held = {g for p in unused[0]["placement"] for g in p["gpus"]}
+        free_gpu = next(i for i in range(8) if i not in held)
+        gpuctl("sim", "gpu-fail", node, str(free_gpu), "--reason", "XID 79")
+        hurt = wait_until(
+            lambda: (s := status())["capacity"]["H100-80GB"]["unhealthy"] == 1 and s,
+            what="the unhealthy GPU",
+        )
+        h100 = hurt["capacity"]["H100-80GB"]
+        assert h100["free"] == first["capacity"]["H100-80GB"]["free"] - 1
+        assert h100["used"] == first["capacity"]["H100-80GB"]["used"]
+        assert "UNHEALTHY GPUS (1)" in gpuctl("status")
+        engines = [
+            json.loads(p.read_text())["pid"]
+            for p in (fleet_dir / "agent" / "nodes").glob("*/replicas/*.json")
+        ]
+        assert len(engines) == 3
+        children += engines
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            raise
+        log.close()
+    assert up.returncode == 0, output()
+    assert "gpufleet: stopped" in output()
+    leftovers = [pid for pid in children if process_alive(pid)]
+    assert leftovers == [], f"still running after gpuctl up stopped: {leftovers}"
+    assert not list(Path(fleet_dir / "pids").glob("*.pid"))
