@@ -13,7 +13,7 @@ import time
 
 from controlplane.fleet import Fleet
 from controlplane.model import ReplicaState, Schedulable
-from controlplane.placement import place
+from controlplane.placement import Placer
 
 LIVE = {ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY}
 
@@ -69,8 +69,9 @@ class Reconciler:
         with fleet.store.batch():
             self._check_heartbeats()
             self._expire_failed()
+            placer = Placer(list(fleet.nodes.values()), fleet.held_gpus())
             for spec in list(fleet.specs.values()):
-                self._reconcile_model(spec)
+                self._reconcile_model(spec, placer)
             self._stop_orphans()
             dirty = fleet.idle.take_dirty()
             if dirty:
@@ -110,7 +111,7 @@ class Reconciler:
             ):
                 fleet.remove_replica(replica.id)
 
-    def _reconcile_model(self, spec) -> None:
+    def _reconcile_model(self, spec, placer: Placer) -> None:
         fleet = self.fleet
         mine = [r for r in fleet.replicas.values() if r.model == spec.name and r.state in LIVE]
         draining = {n.name for n in fleet.nodes.values() if n.schedulable == Schedulable.DRAINING}
@@ -118,7 +119,7 @@ class Reconciler:
         leaving = [r for r in mine if draining.intersection(r.nodes)]
         missing = spec.replicas - len(staying)
         if missing > 0:
-            outcome = place(spec, missing, list(fleet.nodes.values()), fleet.held_gpus())
+            outcome = placer.place(spec, missing)
             for placement in outcome.placements:
                 fleet.add_replica(spec.name, placement)
             if outcome.reason:

@@ -384,6 +384,7 @@ class Exchange:
         "status",
         "deadline",
         "done",
+        "outgoing",
     )
 
     def __init__(self, client, model, method, url, header_list, headers, body, request_id):
@@ -406,6 +407,7 @@ class Exchange:
         self.status = 0
         self.deadline = 0.0
         self.done = False
+        self.outgoing: list[bytes] = []
 
     def start(self) -> None:
         table = self.ctx.table
@@ -472,7 +474,14 @@ class Exchange:
         )
         return b"".join(parts)
 
-    # ResponseListener
+    # ResponseListener: what one read from the replica produced is written to the client in
+    # one go (flush), so a small answer costs one send, not one per header block and chunk.
+
+    def flush(self) -> None:
+        if self.outgoing:
+            if not self.client.closed:
+                self.client.transport.write(b"".join(self.outgoing))
+            self.outgoing.clear()
 
     def upstream_headers(self, status: int, reason: bytes, headers: list) -> None:
         now = self.ctx.loop.time()
@@ -497,19 +506,20 @@ class Exchange:
             out.append(b"connection: close\r\n")
         out += (b"x-request-id: ", self.request_id, b"\r\n\r\n")
         self.sent_to_client = True
-        self.client.transport.write(b"".join(out))
+        self.outgoing.append(b"".join(out))
 
     def upstream_body(self, data: bytes) -> None:
         self.deadline = self.ctx.loop.time() + self.ctx.config.idle_timeout_s
         if self.chunked:
-            self.client.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.outgoing.append(b"%x\r\n%s\r\n" % (len(data), data))
         else:
-            self.client.transport.write(data)
+            self.outgoing.append(data)
 
     def upstream_complete(self, reusable: bool) -> None:
         self.upstream = None
         if self.chunked:
-            self.client.transport.write(CHUNK_END)
+            self.outgoing.append(CHUNK_END)
+        self.flush()
         self.finish(failed=self.status >= 500)
 
     def upstream_lost(self, reason: str) -> None:
@@ -536,10 +546,12 @@ class Exchange:
     def end_broken_answer(self, message: str) -> None:
         if self.sse and self.chunked:
             event = sse_error_event(message)
-            self.client.transport.write(b"%x\r\n%s\r\n%s" % (len(event), event, CHUNK_END))
+            self.outgoing.append(b"%x\r\n%s\r\n%s" % (len(event), event, CHUNK_END))
+            self.flush()
             self.finish(failed=True)
         else:
             # The client learns from the cut connection: a body cannot carry an error now.
+            self.flush()
             self.client.keep_alive = False
             self.finish(failed=True)
 

@@ -20,6 +20,7 @@ class ResponseListener(Protocol):
     def upstream_body(self, data: bytes) -> None: ...
     def upstream_complete(self, reusable: bool) -> None: ...
     def upstream_lost(self, reason: str) -> None: ...
+    def flush(self) -> None: ...
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -61,10 +62,13 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
+        listener = self.listener
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             self.abort("invalid HTTP from upstream")
+        if listener is not None:
+            listener.flush()
 
     def on_message_begin(self) -> None:
         self.headers = []

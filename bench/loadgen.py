@@ -1,0 +1,108 @@
+"""A small closed-loop HTTP/1.1 load generator: N keep-alive connections, bounded in time.
+
+Each connection sends a request, reads the whole answer (Content-Length or chunked, so SSE
+streams count to their last byte), records the latency and sends the next. Run it in its own
+process (`python -m bench.loadgen URL ...`) so that it does not share a core's event loop
+with what it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from urllib.parse import urlsplit
+
+
+def build_request(url: str, body: bytes) -> tuple[str, int, bytes]:
+    parts = urlsplit(url)
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return parts.hostname, parts.port, head.encode() + body
+
+
+async def read_answer(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    lower = head.lower()
+    if b"content-length:" in lower:
+        length = int(lower.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        await reader.readexactly(length)
+    else:
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    return status
+
+
+async def connection(host, port, request, deadline, latencies, errors) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            writer.write(request)
+            status = await read_answer(reader)
+            if status != 200:
+                errors.append(status)
+            latencies.append(time.perf_counter() - t0)
+    finally:
+        writer.close()
+
+
+async def run(url: str, body: bytes, connections: int, seconds: float, warmup: float) -> dict:
+    host, port, request = build_request(url, body)
+    if warmup:
+        await asyncio.gather(
+            *(
+                connection(host, port, request, time.perf_counter() + warmup, [], [])
+                for _ in range(connections)
+            )
+        )
+    latencies: list[float] = []
+    errors: list[int] = []
+    start = time.perf_counter()
+    await asyncio.gather(
+        *(
+            connection(host, port, request, start + seconds, latencies, errors)
+            for _ in range(connections)
+        )
+    )
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+
+    def quantile(q):
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
+
+    return {
+        "requests": len(latencies),
+        "errors": len(errors),
+        "seconds": elapsed,
+        "rps": len(latencies) / elapsed,
+        "p50_ms": quantile(0.5) * 1e3,
+        "p99_ms": quantile(0.99) * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("--body", default='{"model": "m", "max_tokens": 4}')
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    args = parser.parse_args()
+    import uvloop
+
+    result = uvloop.run(
+        run(args.url, args.body.encode(), args.connections, args.seconds, args.warmup)
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
