@@ -169,6 +169,11 @@ class ClientConnection(asyncio.Protocol):
             self.refuse_and_close(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
             self.refuse_and_close(400, f"malformed HTTP request: {exc}")
+        else:
+            # Requests are answered once the parser is done with this read, never from
+            # inside its callbacks.
+            if self.exchange is None and self.pending:
+                self.next_request()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -224,8 +229,6 @@ class ClientConnection(asyncio.Protocol):
             self.parser.should_keep_alive(),
         )
         self.pending.append(request)
-        if self.exchange is None and len(self.pending) == 1:
-            self.ctx.loop.call_soon(self.next_request)
         if len(self.pending) > 8:
             self.transport.pause_reading()
 
