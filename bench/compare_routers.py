@@ -89,8 +89,8 @@ def load(url: str, seconds: float, connections: int, work: Path) -> dict:
     if shutil.which("wrk"):
         script = work / "post.lua"
         script.write_text(
-            "wrk.method = \"POST\"\nwrk.body = '%s'\n"
-            'wrk.headers["Content-Type"] = "application/json"\n' % BODY
+            f"wrk.method = \"POST\"\nwrk.body = '{BODY}'\n"
+            'wrk.headers["Content-Type"] = "application/json"\n'
         )
         done = subprocess.run(
             pinned(
