@@ -12,6 +12,7 @@ import time
 
 import orjson
 
+from bench.figures import record
 from controlplane.fleet import FleetSnapshot
 from controlplane.idle import IdleState, IdleTracker
 from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState
@@ -82,8 +83,8 @@ def report(benchmark, name, small, large, goal=None):
     growth = large / small
     benchmark.extra_info.update({"small_s": small, "large_s": large, "growth": growth})
     goal_text = f" (goal < {goal * 1e3:.0f} ms)" if goal else ""
-    print(
-        f"\n{name}: {small * 1e3:.1f} ms -> {large * 1e3:.1f} ms at twice the size, "
+    record(
+        f"{name}: {small * 1e3:.1f} ms -> {large * 1e3:.1f} ms at twice the size, "
         f"growth {growth:.2f}{goal_text}"
     )
     return growth
@@ -152,5 +153,5 @@ def test_ingest_of_100_router_reports_of_5000_replicas(benchmark):
     tracker = benchmark.pedantic(ingest, args=(large,), rounds=1, iterations=1)
     assert tracker.idle_for("replica-0")[1] == IdleState.EXACT
     growth = report(benchmark, "ingest per tick", t_small, t_large, goal=0.2)
-    print(f"ingest: {100 * t_large / 2.0:.1f}% of a core at one 2 s tick")
+    record(f"ingest: {100 * t_large / 2.0:.1f}% of a core at one 2 s tick")
     assert growth <= MAX_GROWTH

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from bench.figures import record
 from bench.timing import compare_ns
 from router import _fastpath, fastpath_py
 
@@ -33,7 +34,7 @@ def acquire_release_loop(table, model="model-0"):
 
 def report(benchmark, name, **figures):
     benchmark.extra_info.update(figures)
-    print(f"\n{name}: " + ", ".join(f"{k}={v:.1f}" for k, v in figures.items()))
+    record(f"{name}: " + ", ".join(f"{k}={v:.1f}" for k, v in figures.items()))
 
 
 def test_cython_is_at_least_8x_the_twin(benchmark):

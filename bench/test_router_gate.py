@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from bench.figures import record
 from tests.harness import Processes
 
 JSON_BODY = '{"model": "m", "max_tokens": 4}'
@@ -63,8 +64,8 @@ def test_router_keeps_up_with_a_direct_connection(benchmark, endpoints, kind, bo
     ratio = routed["rps"] / direct["rps"]
     benchmark.extra_info.update({f"direct_{k}": v for k, v in direct.items()})
     benchmark.extra_info.update({f"router_{k}": v for k, v in routed.items()})
-    print(
-        f"\n{kind}: direct {direct['rps']:.0f} req/s p50 {direct['p50_ms']:.1f} ms "
+    record(
+        f"{kind}: direct {direct['rps']:.0f} req/s p50 {direct['p50_ms']:.1f} ms "
         f"p99 {direct['p99_ms']:.1f} ms | router {routed['rps']:.0f} req/s "
         f"p50 {routed['p50_ms']:.1f} ms p99 {routed['p99_ms']:.1f} ms | ratio {ratio:.2f}"
     )
