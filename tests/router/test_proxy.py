@@ -1,6 +1,7 @@
 """gpurouter in front of real sim engines, driven with the official openai client and raw HTTP."""
 
 import json
+import os
 import socket
 import threading
 import time
@@ -112,17 +113,7 @@ def test_replica_killed_mid_stream_ends_with_an_error_event(procs):
         for chunk in api.chat.completions.create(model="m", messages=CHAT, stream=True):
             seen.append(chunk.choices[0].delta.content)
     assert seen == ["the ", "fleet "]
-    raw = socket.create_connection(("127.0.0.1", int(router.rsplit(":", 1)[1])))
-    body = b'{"model":"m","stream":true}'
-    raw.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
-        % (len(body), body)
-    )
-    raw.settimeout(5)
-    data = b""
-    while not data.endswith(b"0\r\n\r\n"):
-        data += raw.recv(65536)
-    raw.close()
+    data = raw_stream(router, b'{"model":"m","stream":true}')
     assert b'"code":"upstream_disconnected"' in data and b"data: [DONE]" in data
     assert router_metric(router, "gpurouter_in_flight_requests") == 0
 
@@ -155,6 +146,22 @@ def raw_request(router: str, data: bytes, timeout: float = 5.0) -> bytes:
                 break
             received += part
         return received
+
+
+def raw_stream(router: str, body: bytes, timeout: float = 10.0) -> bytes:
+    """POST a streaming request and read its chunked answer to the last chunk."""
+    with socket.create_connection(("127.0.0.1", int(router.rsplit(":", 1)[1]))) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        sock.settimeout(timeout)
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):
+            part = sock.recv(65536)
+            assert part, f"the connection closed before the last chunk: {data!r}"
+            data += part
+        return data
 
 
 def status_and_error(response: bytes) -> tuple[int, dict]:
@@ -267,3 +274,28 @@ def test_sigterm_lets_in_flight_requests_finish(procs):
     thread.join()
     assert result["status"] == 200
     assert proc.wait(5) == 0
+
+
+def test_a_replica_that_goes_quiet_mid_stream_gets_an_error_event(procs):
+    engine = procs.engine("m", tokens_per_s=0.4, output_tokens=5)
+    router, _ = procs.router(f"--backend=m={engine}", "--idle-timeout", "1")
+    answer = raw_stream(router, b'{"model":"m","stream":true}')
+    assert b'"code":"upstream_disconnected"' in answer and b"the replica stopped sending" in answer
+    assert answer.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert router_metric(router, 'gpurouter_upstream_errors_total{model="m",kind="timeout"}') == 1
+
+
+def test_workers_share_one_port_and_stop_together(procs):
+    engine = procs.engine("m")
+    router, proc = procs.router(f"--backend=m={engine}", "--workers", "2")
+    api = client(router)
+    for _ in range(10):
+        assert api.completions.create(model="m", prompt="x").choices
+    children = [int(p) for p in open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()]
+    assert len(children) == 2
+    assert procs.terminate(proc) == 0
+    for child in children:
+        assert (
+            not os.path.exists(f"/proc/{child}")
+            or open(f"/proc/{child}/stat").read().split(") ")[1][0] == "Z"
+        )

@@ -133,3 +133,27 @@ def test_route_updates_under_traffic_lose_no_request(procs, tmp_path):
         worker.join()
     assert failures == []
     assert len(done) > 20
+
+
+def test_router_keeps_serving_its_last_table_while_the_control_plane_is_down(procs, tmp_path):
+    fleet = Fleet(procs, tmp_path)
+    fleet.model("chat", 1)
+    wait_until(
+        lambda: call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"],
+        what="placement",
+    )
+    fleet.bring_up()
+    router, _ = procs.router("--control-plane", fleet.url, "--tick", "0.3")
+    wait_until(lambda: len(activity(router)["watched"]) == 1, what="routes")
+    api = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=5)
+    server = next(p for p in procs.started if "server" in p.args)
+    procs.terminate(server)
+    for _ in range(20):
+        assert api.chat.completions.create(model="chat", messages=[]).choices
+    port = int(fleet.url.rsplit(":", 1)[1])
+    control_plane(procs, tmp_path / "state.sqlite", None, "--tick", "0.2", port=port)
+    wait_until(
+        lambda: fleet.replicas()[next(iter(fleet.ready))]["idle_state"] == "exact",
+        timeout=15,
+        what="reports to reach the restarted control plane",
+    )
