@@ -47,20 +47,20 @@ def build_admin(agents: dict) -> web.Application:
             }
         )
 
-    def node_of(body):
-        agent = agents.get(body.get("node"))
-        if agent is None:
-            raise LookupError(f"no simulated node {body.get('node')!r}")
-        return agent
-
-    async def gpu_fault(request):
+    async def node_request(request, shape: str):
+        """(agent, body) of a call about one node, or the error response to send."""
         body = await _body(request)
         if body is None:
-            return _error(400, "expected a JSON object {node, index, reason}")
-        try:
-            agent = node_of(body)
-        except LookupError as exc:
-            return _error(404, str(exc))
+            return None, _error(400, f"expected a JSON object {shape}")
+        agent = agents.get(body.get("node"))
+        if agent is None:
+            return None, _error(404, f"no simulated node {body.get('node')!r}")
+        return agent, body
+
+    async def gpu_fault(request):
+        agent, body = await node_request(request, "{node, index, reason}")
+        if agent is None:
+            return body
         index = body.get("index")
         if not isinstance(index, int) or not 0 <= index < agent.inventory.gpu_count:
             return _error(400, f"index: node {agent.inventory.name} has no GPU {index!r}")
@@ -72,13 +72,9 @@ def build_admin(agents: dict) -> web.Application:
         return _json({"node": agent.inventory.name, "faults": faults})
 
     async def silence(request):
-        body = await _body(request)
-        if body is None:
-            return _error(400, "expected a JSON object {node, silent}")
-        try:
-            agent = node_of(body)
-        except LookupError as exc:
-            return _error(404, str(exc))
+        agent, body = await node_request(request, "{node, silent}")
+        if agent is None:
+            return body
         agent.silenced = bool(body.get("silent", True))
         return _json({"node": agent.inventory.name, "silenced": agent.silenced})
 

@@ -33,6 +33,17 @@ def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: floa
     raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
 
 
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition"):
+    """Poll `predicate` until it returns something true, and return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def get(url: str, headers: dict | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
     request = urllib.request.Request(url, headers=headers or {})
     try:

@@ -205,24 +205,22 @@ class Supervisor:
                     start_new_session=True,
                 )
         except OSError as exc:
-            self.failed[a["replica"]] = Running(
-                a["replica"],
-                a["model"],
-                0,
-                port,
-                argv,
-                a["gpus"],
-                a["rank"],
-                a.get("health_path", "/health"),
-                time.time(),
-                state="Failed",
-                reason=f"cannot start {argv[0]}: {exc}",
-            )
+            failed = self._record_of(a, 0, port, argv)
+            failed.state, failed.reason = "Failed", f"cannot start {argv[0]}: {exc}"
+            self.failed[a["replica"]] = failed
             return
-        run = Running(
+        run = self._record_of(a, proc.pid, port, argv)
+        self.children[proc.pid] = proc
+        self.running[run.replica] = run
+        self._save(run)
+        log.info("started %s: pid %d port %d gpus %s", run.replica, proc.pid, port, a["gpus"])
+
+    @staticmethod
+    def _record_of(a: dict, pid: int, port: int, argv: list[str]) -> Running:
+        return Running(
             a["replica"],
             a["model"],
-            proc.pid,
+            pid,
             port,
             argv,
             a["gpus"],
@@ -230,10 +228,6 @@ class Supervisor:
             a.get("health_path", "/health"),
             time.time(),
         )
-        self.children[proc.pid] = proc
-        self.running[run.replica] = run
-        self._save(run)
-        log.info("started %s: pid %d port %d gpus %s", run.replica, proc.pid, port, a["gpus"])
 
     def stop(self, replica: str) -> None:
         run = self.running.pop(replica, None)

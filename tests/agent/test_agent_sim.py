@@ -1,7 +1,6 @@
 """The agent in sim mode against a real control plane and router, all real processes."""
 
 import signal
-import time
 
 import openai
 import pytest
@@ -9,20 +8,10 @@ import yaml
 
 from controlplane.agent.supervisor import process_alive
 from tests.controlplane.conftest import spec
-from tests.harness import call, control_plane, free_port
+from tests.harness import call, control_plane, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 FLEET = {"fabrics": [{"name": "ib-a", "nodes": 2, "gpu_class": "H100-80GB", "gpus_per_node": 2}]}
-
-
-def wait_until(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 class SimFleet:

@@ -4,26 +4,15 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
 from controlplane.agent.supervisor import process_alive
-from tests.harness import BIN, free_port
+from tests.harness import BIN, free_port, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def wait_until(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_gpuctl_up_end_to_end(tmp_path):

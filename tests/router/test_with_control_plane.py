@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.controlplane.conftest import make_node, spec
-from tests.harness import call, control_plane, get
+from tests.harness import call, control_plane, get, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +41,25 @@ class Fleet:
     def replicas(self):
         return {r["id"]: r for r in call("GET", self.url + "/v1/replicas")[1]["items"]}
 
+    def serve(self, **models):
+        """Apply `models` ({name: replicas}), bring them up, and start a router on them."""
+        for name, replicas in models.items():
+            self.model(name, replicas)
+        total = sum(models.values())
+        wait_until(
+            lambda: (
+                len(call("POST", self.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"])
+                == total
+            ),
+            what="placement",
+        )
+        self.bring_up()
+        return self.router()
 
-def wait_until(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    def router(self):
+        router, proc = self.procs.router("--control-plane", self.url, "--tick", "0.3")
+        wait_until(lambda: len(activity(router)["watched"]) == len(self.ready), what="routes")
+        return router, proc
 
 
 def activity(router):
@@ -55,15 +68,7 @@ def activity(router):
 
 def test_activity_report_and_router_restart(procs, tmp_path):
     fleet = Fleet(procs, tmp_path)
-    fleet.model("chat", 1)
-    fleet.model("embed", 1)
-    wait_until(
-        lambda: len(call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"]) == 2,
-        what="placement",
-    )
-    fleet.bring_up()
-    router, proc = procs.router("--control-plane", fleet.url, "--tick", "0.3")
-    wait_until(lambda: len(activity(router)["watched"]) == 2, what="routes")
+    router, proc = fleet.serve(chat=1, embed=1)
     (chat,) = [r for r in fleet.replicas().values() if r["model"] == "chat"]
     api = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0)
     api.chat.completions.create(model="chat", messages=[])
@@ -86,8 +91,7 @@ def test_activity_report_and_router_restart(procs, tmp_path):
         timeout=15,
         what="no live router to mean unknown",
     )
-    router, _ = procs.router("--control-plane", fleet.url, "--tick", "0.3")
-    wait_until(lambda: len(activity(router)["watched"]) == 2, what="routes after restart")
+    router, _ = fleet.router()
     assert activity(router)["used"] == {}
     wait_until(
         lambda: fleet.replicas()[embed["id"]]["idle_state"] == "at_least",
@@ -99,14 +103,7 @@ def test_activity_report_and_router_restart(procs, tmp_path):
 
 def test_route_updates_under_traffic_lose_no_request(procs, tmp_path):
     fleet = Fleet(procs, tmp_path)
-    fleet.model("chat", 2)
-    wait_until(
-        lambda: len(call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"]) == 2,
-        what="placement",
-    )
-    fleet.bring_up()
-    router, _ = procs.router("--control-plane", fleet.url, "--tick", "0.3")
-    wait_until(lambda: len(activity(router)["watched"]) == 2, what="routes")
+    router, _ = fleet.serve(chat=2)
     api = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=10)
     failures, done = [], []
     stop = threading.Event()
@@ -137,14 +134,7 @@ def test_route_updates_under_traffic_lose_no_request(procs, tmp_path):
 
 def test_router_keeps_serving_its_last_table_while_the_control_plane_is_down(procs, tmp_path):
     fleet = Fleet(procs, tmp_path)
-    fleet.model("chat", 1)
-    wait_until(
-        lambda: call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"],
-        what="placement",
-    )
-    fleet.bring_up()
-    router, _ = procs.router("--control-plane", fleet.url, "--tick", "0.3")
-    wait_until(lambda: len(activity(router)["watched"]) == 1, what="routes")
+    router, _ = fleet.serve(chat=1)
     api = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=5)
     server = next(p for p in procs.started if "server" in p.args)
     procs.terminate(server)
