@@ -8,6 +8,7 @@ adopts them, or stops them if they are no longer assigned: no orphan keeps holdi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -277,6 +278,7 @@ class Supervisor:
                 self._record_path(replica).unlink(missing_ok=True)
             elif now - run.stopping_since > self.stop_grace_s:
                 self._signal(run, signal.SIGKILL)
+        leaders = []
         for replica, run in list(self.running.items()):
             code = self._exited(run)
             if code is not None:
@@ -291,11 +293,14 @@ class Supervisor:
             if run.rank != 0:
                 run.state = "Ready"  # followers serve through the leader's endpoint
                 continue
-            await self._probe(session, run)
+            leaders.append(run)
+        # All at once: one hung engine must not delay the others' probes or the heartbeat.
+        await asyncio.gather(*(self._probe(session, run) for run in leaders))
+        for run in leaders:
             if run.state == "Starting" and time.time() - run.started_at > self.start_timeout_s:
                 run.state, run.reason = "Failed", "not healthy within the start timeout"
-                self.stop(replica)
-                self.failed[replica] = run
+                self.stop(run.replica)
+                self.failed[run.replica] = run
 
     async def _probe(self, session: aiohttp.ClientSession, run: Running) -> None:
         url = f"http://127.0.0.1:{run.port}{run.health_path}"
