@@ -1,12 +1,14 @@
 """`gpuctl status`: the whole fleet on one screen, at 4 nodes or 2,000."""
 
+import textwrap
+
 import click
 
 from cli.context import Context, pass_context
 from cli.render import bar, duration, echo_json, idle_text, paint, table, truncate, use_colour
 from controlplane.model import parse_duration
 
-MAX_LINES = 5  # per list, so that the screen stays one screen at 2,000 nodes
+MAX_LINES = 4  # per list, so that the screen stays one screen at 2,000 nodes
 
 
 def render_status(s: dict, colour: bool, width: int = 80) -> str:
@@ -65,22 +67,39 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
 
     out.append(f"MODELS    {counts(s['models'])}")
     out.append(f"REPLICAS  {counts(s['replicas'])}")
-    if s["unplaceable"]:
-        out.append("")
-        out.append(paint("CANNOT BE PLACED", "yellow", colour))
-        for item in s["unplaceable"][:MAX_LINES]:
-            out.append("  " + truncate(item["reason"], width - 2))
-        if len(s["unplaceable"]) > MAX_LINES:
-            out.append(f"  … and {len(s['unplaceable']) - MAX_LINES} more")
-    if s["unhealthy_gpus"]:
-        out.append("")
-        out.append(paint(f"UNHEALTHY GPUS ({len(s['unhealthy_gpus'])})", "red", colour))
-        for gpu in s["unhealthy_gpus"][:MAX_LINES]:
-            out.append(
-                "  " + truncate(f"{gpu['node']} gpu {gpu['index']}: {gpu['reason']}", width - 2)
-            )
-        if len(s["unhealthy_gpus"]) > MAX_LINES:
-            out.append(f"  … and {len(s['unhealthy_gpus']) - MAX_LINES} more")
+    problems = [
+        (
+            "NOT READY NODES",
+            "red",
+            [f"{n['name']} ({n['fabric']}): no heartbeat" for n in s["not_ready_nodes"]],
+        ),
+        (
+            "FAILED REPLICAS",
+            "red",
+            [
+                f"{r['id']} on {','.join(r['nodes']) or '-'}: {r['reason']}"
+                for r in s["failed_replicas"]
+            ],
+        ),
+        (
+            "UNHEALTHY GPUS",
+            "red",
+            [f"{g['node']} gpu {g['index']}: {g['reason']}" for g in s["unhealthy_gpus"]],
+        ),
+        ("CANNOT BE PLACED", "yellow", [item["reason"] for item in s["unplaceable"]]),
+    ]
+    for title, tint, lines in problems:
+        if lines:
+            out.append("")
+            out.append(paint(f"{title} ({len(lines)})", tint, colour))
+            for line in lines[:MAX_LINES]:
+                # Two lines at most: a reason's end ("the best node has 6") is what one acts on.
+                wrapped = textwrap.wrap(line, width - 2, subsequent_indent="    ")
+                if len(wrapped) > 2:
+                    wrapped = [wrapped[0], truncate(" ".join(wrapped[1:]), width - 2)]
+                out += ["  " + part for part in wrapped]
+            if len(lines) > MAX_LINES:
+                out.append(f"  … and {len(lines) - MAX_LINES} more")
     idle = s["idle"]
     out.append("")
     threshold = (

@@ -204,5 +204,13 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             ),
         },
         "unhealthy_gpus": [{"node": r["name"], **g} for r in nodes for g in r["unhealthy_gpus"]],
+        "not_ready_nodes": [
+            {"name": r["name"], "fabric": r["fabric"]} for r in nodes if not r["ready"]
+        ],
+        "failed_replicas": [
+            {key: r[key] for key in ("id", "model", "nodes", "reason", "exit_code")}
+            for r in replicas
+            if r["state"] == str(ReplicaState.FAILED)
+        ],
         "route_version": snap.route_version,
     }
