@@ -141,3 +141,31 @@ def test_failed_replica_is_replaced_and_kept_for_display(make_fleet, clock):
     clock.advance(601)
     reconciler.tick()
     assert replica not in fleet.replicas
+
+
+def test_a_multi_node_replica_gets_ranks_and_one_leader(make_fleet):
+    fleet, reconciler = make_fleet()
+    fleet.register({**make_node("a1", fabric="nvl-1"), "address": "10.0.0.1"})
+    fleet.register({**make_node("a2", fabric="nvl-1"), "address": "10.0.0.2"})
+    fleet.register({**make_node("b1", fabric="nvl-2"), "address": "10.0.0.3"})
+    fleet.apply(spec(gpus_per_replica=8, nodes_per_replica=2))
+    reconciler.tick()
+    (replica,) = fleet.replicas.values()
+    assert replica.nodes == ["a1", "a2"]
+    leader, follower = fleet.assignments("a1")[0], fleet.assignments("a2")[0]
+    assert (leader["rank"], follower["rank"]) == (0, 1)
+    assert leader["nnodes"] == follower["nnodes"] == 2
+    assert leader["master_addr"] == follower["master_addr"] == "10.0.0.1"
+    assert fleet.assignments("b1") == []
+    fleet.heartbeat("a2", {"replicas": {replica.id: {"state": "Ready", "url": ""}}})
+    reconciler.tick()
+    assert reconciler.routes.routes == {"llama": []}, "only the leader's report makes it Ready"
+    fleet.heartbeat(
+        "a1", {"replicas": {replica.id: {"state": "Ready", "url": "http://10.0.0.1:9000"}}}
+    )
+    reconciler.tick()
+    assert reconciler.routes.routes["llama"] == [{"id": replica.id, "url": "http://10.0.0.1:9000"}]
+    fleet.heartbeat("a2", {"replicas": {replica.id: {"state": "Failed", "exit_code": 1}}})
+    reconciler.tick()
+    assert fleet.replicas[replica.id].state == ReplicaState.FAILED, "a follower's death fails it"
+    assert reconciler.routes.routes == {"llama": []}

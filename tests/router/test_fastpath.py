@@ -194,3 +194,20 @@ def test_threads_acquire_release_while_another_updates_and_snapshots(fastpath):
     for slot, _, _ in table.endpoints("m"):
         assert table.in_flight(slot) == 0
     assert all(v == 0.0 or v > 0 for v in table.snapshot()["used"].values())
+
+
+@pytest.mark.parametrize("switch, extension", [("1", False), ("0", True)])
+def test_the_kill_switch_selects_the_twin_at_import(switch, extension):
+    import os
+    import subprocess
+    import sys
+
+    code = "import router.fastpath as f; print(f.USING_EXTENSION, f.EndpointTable.__module__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GPUROUTER_NO_EXTENSIONS": switch},
+    ).stdout.split()
+    assert out == [str(extension), "router._fastpath" if extension else "router.fastpath_py"]
