@@ -388,6 +388,8 @@ class Exchange:
         "deadline",
         "done",
         "outgoing",
+        "pool",
+        "stale_retried",
     )
 
     def __init__(self, client, model, method, url, header_list, headers, body, request_id):
@@ -411,6 +413,8 @@ class Exchange:
         self.deadline = 0.0
         self.done = False
         self.outgoing: list[bytes] = []
+        self.pool: UpstreamPool | None = None
+        self.stale_retried = False
 
     def start(self) -> None:
         table = self.ctx.table
@@ -420,7 +424,7 @@ class Exchange:
         self.slot = slot
         self.tries += 1
         pool = self.ctx.pool_for(table.endpoint_url(slot))
-        conn = pool.take_idle()
+        conn = pool.take_idle(self.ctx.loop.time())
         if conn is not None:
             self.attach(conn, pool)
         else:
@@ -450,6 +454,7 @@ class Exchange:
 
     def attach(self, conn: UpstreamConnection, pool: UpstreamPool) -> None:
         self.upstream = conn
+        self.pool = pool
         self.deadline = self.ctx.loop.time() + self.ctx.config.first_byte_timeout_s
         conn.send(self, self.request_bytes(pool))
 
@@ -525,9 +530,16 @@ class Exchange:
         self.flush()
         self.finish(failed=self.status >= 500)
 
-    def upstream_lost(self, reason: str) -> None:
+    def upstream_lost(self, reason: str, reused: bool) -> None:
         self.upstream = None
         if self.done:
+            return
+        if not self.sent_to_client and reused and not self.stale_retried:
+            # A pooled connection the replica had just closed: not the replica's fault. Once,
+            # the same replica again on a new connection.
+            self.stale_retried = True
+            self.ctx.metrics.upstream_error(self.model, "stale_connection")
+            self.ctx.loop.create_task(self.connect(self.pool))
             return
         if not self.sent_to_client:
             return self.failed_before_answer("reset")

@@ -19,7 +19,7 @@ class ResponseListener(Protocol):
     def upstream_headers(self, status: int, reason: bytes, headers: list) -> None: ...
     def upstream_body(self, data: bytes) -> None: ...
     def upstream_complete(self, reusable: bool) -> None: ...
-    def upstream_lost(self, reason: str) -> None: ...
+    def upstream_lost(self, reason: str, reused: bool) -> None: ...
     def flush(self) -> None: ...
 
 
@@ -32,9 +32,10 @@ class UpstreamConnection(asyncio.Protocol):
         "headers",
         "reason",
         "closed",
-        "received_any",
         "headers_done",
         "framed",
+        "served",
+        "idle_since",
     )
 
     def __init__(self, pool: UpstreamPool) -> None:
@@ -45,9 +46,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers: list = []
         self.reason = b""
         self.closed = False
-        self.received_any = False
         self.headers_done = False
         self.framed = False
+        self.served = 0  # answers completed on this connection
+        self.idle_since = 0.0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -57,11 +59,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     def send(self, listener: ResponseListener, request: bytes) -> None:
         self.listener = listener
-        self.received_any = False
         self.transport.write(request)
 
     def data_received(self, data: bytes) -> None:
-        self.received_any = True
         listener = self.listener
         try:
             self.parser.feed_data(data)
@@ -95,6 +95,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.listener.upstream_body(body)
 
     def on_message_complete(self) -> None:
+        self.served += 1
         listener, self.listener = self.listener, None
         reusable = self.parser.should_keep_alive() and not self.closed
         if listener is not None:
@@ -116,7 +117,9 @@ class UpstreamConnection(asyncio.Protocol):
             return
         listener, self.listener = self.listener, None
         if listener is not None:
-            listener.upstream_lost("connection reset" if exc else "connection closed")
+            listener.upstream_lost(
+                "connection reset" if exc else "connection closed", self.served > 0
+            )
 
     def close(self) -> None:
         if not self.closed:
@@ -131,7 +134,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
         if listener is not None:
-            listener.upstream_lost(reason)
+            listener.upstream_lost(reason, False)
 
     def detach(self) -> None:
         """The client went away: drop the connection so the engine stops generating."""
@@ -153,7 +156,9 @@ class UpstreamConnection(asyncio.Protocol):
 class UpstreamPool:
     """Idle keep-alive connections to one replica."""
 
-    def __init__(self, url: str, connect_timeout: float, max_idle: int = 256) -> None:
+    def __init__(
+        self, url: str, connect_timeout: float, max_idle: int = 256, max_idle_s: float = 4.0
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"only http:// upstreams are supported, got {url!r}")
@@ -164,14 +169,23 @@ class UpstreamPool:
         self.path_prefix = parts.path.rstrip("/").encode()
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
+        # Engines served by uvicorn (vLLM, SGLang) close idle keep-alive connections after 5 s;
+        # reusing one just as it closes would fail the request, so ours retire sooner.
+        self.max_idle_s = max_idle_s
         self.idle: list[UpstreamConnection] = []
         self.open: set[UpstreamConnection] = set()
 
-    def take_idle(self) -> UpstreamConnection | None:
+    def take_idle(self, now: float) -> UpstreamConnection | None:
+        """The most recently used idle connection that is still fresh."""
         while self.idle:
             conn = self.idle.pop()
-            if not conn.closed:
-                return conn
+            if conn.closed:
+                continue
+            if now - conn.idle_since > self.max_idle_s:
+                conn.close()
+                self.open.discard(conn)
+                continue
+            return conn
         return None
 
     async def connect(self) -> UpstreamConnection:
@@ -185,6 +199,7 @@ class UpstreamPool:
 
     def put_back(self, conn: UpstreamConnection) -> None:
         if len(self.idle) < self.max_idle:
+            conn.idle_since = asyncio.get_running_loop().time()
             self.idle.append(conn)
         else:
             conn.close()

@@ -1,0 +1,98 @@
+"""A replica that closes idle keep-alive connections (uvicorn does after 5 s): a request that
+lands on such a connection is sent again on a new one, and the replica is not blamed."""
+
+import asyncio
+import threading
+
+import pytest
+
+from tests.harness import free_port, get, post
+
+pytestmark = pytest.mark.integration
+ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+class ClosesReusedConnections(asyncio.Protocol):
+    """Answers the first request of each connection; drops the connection on the second, as a
+    server does whose keep-alive timer fired while the request was on its way."""
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.answered = 0
+        self.buffer = b""
+
+    def data_received(self, data):
+        self.buffer += data
+        if b"\r\n\r\n" not in self.buffer:
+            return
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        if len(rest) < length:
+            return
+        self.buffer = rest[length:]
+        if self.answered:
+            self.transport.abort()
+            return
+        self.answered += 1
+        self.transport.write(ANSWER)
+
+
+@pytest.fixture
+def fake_upstream():
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    stop = asyncio.Event()
+
+    async def serve():
+        server = await loop.create_server(ClosesReusedConnections, "127.0.0.1", port)
+        ready.set()
+        await stop.wait()
+        server.close()
+        await server.wait_closed()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    ready.wait(5)
+    yield f"http://127.0.0.1:{port}"
+    loop.call_soon_threadsafe(stop.set)
+    thread.join(5)
+    loop.close()
+
+
+def metric(router, name):
+    text = get(router + "/metrics")[1].decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_a_stale_pooled_connection_is_retried_on_a_new_one(procs, fake_upstream):
+    router, _ = procs.router(f"--backend=m={fake_upstream}")
+    for _ in range(5):
+        status, _, body = post(router + "/v1/completions", b'{"model": "m"}')
+        assert (status, body) == (200, b"{}")
+    assert metric(router, 'gpurouter_upstream_errors_total{model="m",kind="stale_connection"}') == 4
+    assert metric(router, "gpurouter_retries_total") == 0
+    assert metric(router, "gpurouter_ejections_total") == 0
+
+
+class FakeTransport:
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_idle_connections_retire_before_the_engines_keepalive_ends():
+    from router.upstream import UpstreamConnection, UpstreamPool
+
+    pool = UpstreamPool("http://127.0.0.1:1", connect_timeout=1, max_idle_s=4.0)
+    fresh, stale = UpstreamConnection(pool), UpstreamConnection(pool)
+    for conn, idle_since in ((stale, 0.0), (fresh, 8.0)):
+        conn.transport = FakeTransport()
+        conn.idle_since = idle_since
+        pool.open.add(conn)
+    pool.idle = [stale, fresh]
+    assert pool.take_idle(now=10.0) is fresh
+    assert pool.take_idle(now=10.0) is None
+    assert stale.transport.closed and stale not in pool.open
