@@ -97,6 +97,12 @@ def read_token(path: str | None) -> str | None:
     show_default=True,
     help="On SIGTERM, how long in-flight requests may take to finish.",
 )
+@click.option(
+    "--max-in-flight",
+    default=0,
+    show_default=True,
+    help="Requests one replica may have at once; beyond, 503 + Retry-After (0: no limit).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def main(
     listen,
@@ -114,6 +120,7 @@ def main(
     idle_timeout,
     client_timeout,
     drain_s,
+    max_in_flight,
     log_level,
 ) -> None:
     """The gpufleet data plane: an OpenAI-compatible reverse proxy in front of model replicas."""
@@ -139,6 +146,7 @@ def main(
         tick_s=tick_s,
         drain_s=drain_s,
         reuse_port=workers > 1,
+        max_in_flight=max_in_flight,
         proxy=ProxyConfig(
             max_body_bytes=max_body_bytes,
             connect_timeout_s=connect_timeout,

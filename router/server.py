@@ -31,13 +31,14 @@ class RouterSettings:
     tick_s: float = 2.0
     drain_s: float = 30.0
     reuse_port: bool = False
+    max_in_flight: int = 0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
 
 class RouterServer:
     def __init__(self, settings: RouterSettings) -> None:
         self.settings = settings
-        self.table = EndpointTable()
+        self.table = EndpointTable(max_in_flight=settings.max_in_flight)
         if settings.static_routes:
             self.table.update(settings.static_routes)
         self.router_id = settings.router_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -9,7 +9,7 @@ import time
 import openai
 import pytest
 
-from tests.harness import free_port, get, post
+from tests.harness import free_port, get, post, wait_until
 
 pytestmark = pytest.mark.integration
 CHAT = [{"role": "user", "content": "hello"}]
@@ -269,7 +269,7 @@ def test_sigterm_lets_in_flight_requests_finish(procs):
 
     thread = threading.Thread(target=ask)
     thread.start()
-    time.sleep(0.3)
+    wait_until(lambda: router_metric(router, "gpurouter_in_flight_requests") == 1)
     proc.terminate()
     thread.join()
     assert result["status"] == 200
@@ -299,3 +299,20 @@ def test_workers_share_one_port_and_stop_together(procs):
             not os.path.exists(f"/proc/{child}")
             or open(f"/proc/{child}/stat").read().split(") ")[1][0] == "Z"
         )
+
+
+def test_saturated_replicas_answer_503_with_retry_after(procs):
+    engine = procs.engine("m", ttft=1.0)
+    router, _ = procs.router(f"--backend=m={engine}", "--max-in-flight", "1")
+    first = {}
+    thread = threading.Thread(
+        target=lambda: first.update(status=post(router + "/v1/completions", b'{"model":"m"}')[0])
+    )
+    thread.start()
+    wait_until(lambda: router_metric(router, "gpurouter_in_flight_requests") == 1)
+    status, headers, body = post(router + "/v1/completions", b'{"model":"m"}')
+    thread.join()
+    assert (status, headers["Retry-After"]) == (503, "1")
+    assert "saturated" in json.loads(body)["error"]["message"]
+    assert first["status"] == 200
+    assert post(router + "/v1/completions", b'{"model":"m"}')[0] == 200
