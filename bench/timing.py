@@ -1,22 +1,28 @@
-"""Interleaved best-of-N timing, so two things measured in one run share the machine's noise."""
+"""Paired timing, so two things measured in one run share the machine's noise.
 
+This machine's speed drifts by up to 2x over seconds (shared cores). Each round times `a` and
+then `b` back to back, over a few milliseconds, and the ratio of that pair is kept; the gate
+reads the median ratio over many rounds, which a slow second or two cannot move.
+"""
+
+import statistics
 import time
 
 
-def per_op_ns(fn, ops_per_call: int, repeats: int = 7) -> float:
-    """Best time per operation of `fn()` (which performs `ops_per_call` operations), in ns."""
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter_ns()
-        fn()
-        best = min(best, time.perf_counter_ns() - t0)
-    return best / ops_per_call
+def time_ns(fn, ops_per_call: int) -> float:
+    t0 = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - t0) / ops_per_call
 
 
-def compare_ns(a, b, ops_per_call: int, rounds: int = 5) -> tuple[float, float]:
-    """Best per-op times of `a` and `b`, measured alternately."""
-    best_a = best_b = float("inf")
+def paired(a, b, ops_per_call: int, rounds: int = 41) -> tuple[float, float, float]:
+    """(median ns/op of a, median ns/op of b, median of the per-round ratios a/b)."""
+    a(), b()  # warm up
+    times_a, times_b, ratios = [], [], []
     for _ in range(rounds):
-        best_a = min(best_a, per_op_ns(a, ops_per_call, repeats=3))
-        best_b = min(best_b, per_op_ns(b, ops_per_call, repeats=3))
-    return best_a, best_b
+        ta = time_ns(a, ops_per_call)
+        tb = time_ns(b, ops_per_call)
+        times_a.append(ta)
+        times_b.append(tb)
+        ratios.append(ta / tb)
+    return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)

@@ -37,7 +37,8 @@ class EndpointTable:
     ) -> None: ...
     def acquire(self, model: str) -> int:
         """Least in-flight non-ejected endpoint of `model` (ties rotate); counts the request
-        on it and stamps its last use. A slot >= 0, or NO_MODEL / NO_ENDPOINT / SATURATED."""
+        on it, which reports as used now until its release stamps the end of the use.
+        A slot >= 0, or NO_MODEL / NO_ENDPOINT / SATURATED."""
     def release(self, slot: int, failed: bool = False) -> None:
         """End a request on `slot`, stamping its last use; `failed` counts towards ejection
         (consecutive failures); safe on a slot whose endpoint was removed meanwhile."""

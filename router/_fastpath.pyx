@@ -165,7 +165,8 @@ cdef class EndpointTable:
         self._pinned_ns = NEVER if seconds is None else <int64_t>(seconds * 1e9)
 
     def acquire(self, str model):
-        """Pick the least-loaded usable endpoint of `model` and count a request on it.
+        """Pick the least-loaded usable endpoint of `model` and count a request on it
+        (it reports as used now until the matching release stamps the end of the use).
 
         Returns the slot, or NO_MODEL (unknown model), NO_ENDPOINT (no usable endpoint),
         SATURATED (every endpoint at max_in_flight).
@@ -180,8 +181,10 @@ cdef class EndpointTable:
             table_lock_release(&self._lock)
             return NO_MODEL_
         m = found
-        cdef int64_t now = self._now()
         mdl = &self._models[m]
+        # The clock is needed only to lift expired ejections. The last use is stamped by
+        # release: while a request is in flight the endpoint counts as in use now anyway.
+        cdef int64_t now = self._now() if mdl.ejected > 0 else 0
         pos = mdl.cursor
         for i in range(mdl.count):
             if pos == mdl.count:
@@ -208,7 +211,6 @@ cdef class EndpointTable:
             return SATURATED_
         s = &self._slots[best]
         s.in_flight += 1
-        s.last_used_ns = now
         mdl.cursor = best_pos + 1 if best_pos + 1 < mdl.count else 0
         table_lock_release(&self._lock)
         return best

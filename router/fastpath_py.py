@@ -94,8 +94,9 @@ class EndpointTable:
             m = self._model_index.get(model)
             if m is None:
                 return NO_MODEL
-            now = self._now()
             mdl = self._models[m]
+            # Only expired ejections need the clock; release stamps the last use.
+            now = self._now() if mdl.ejected > 0 else 0
             count = len(mdl.slots)
             best = -1
             best_pos = 0
@@ -118,7 +119,6 @@ class EndpointTable:
                 return SATURATED
             s = self._slots[best]
             s.in_flight += 1
-            s.last_used_ns = now
             mdl.cursor = (best_pos + 1) % count
             return best
 
