@@ -1,0 +1,24 @@
+"""The example files in docs/ are valid, so that what an operator copies works."""
+
+from pathlib import Path
+
+import yaml
+
+from cli.cmd_apply import read_specs
+from controlplane.model import validate_spec
+from sim.fleet import load_fleet
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+
+
+def test_example_models_validate():
+    specs = [validate_spec(body) for body in read_specs(str(EXAMPLES / "models.yaml"))]
+    assert [s.name for s in specs] == ["llama-3.1-8b", "llama-3.1-70b", "deepseek-v3", "demo-chat"]
+    assert specs[2].nodes_per_replica == 2
+
+
+def test_example_fleet_loads():
+    nodes = load_fleet(str(EXAMPLES / "fleet.yaml"))
+    assert len(nodes) == 8
+    assert nodes[3].health()[5]["healthy"] is False
+    assert yaml.safe_load((EXAMPLES / "fleet.yaml").read_text())["fabrics"][0]["name"] == "ib-a"
