@@ -467,8 +467,11 @@ class Exchange:
             pool.host_header,
             b"\r\n",
         ]
+        # Headers the client's Connection header names are hop-by-hop too (RFC 9110 7.6.1).
+        connection = self.headers.get(b"connection")
+        named = {t.strip().lower() for t in connection.split(b",")} if connection else ()
         for name, value in self.header_list:
-            if name not in NOT_FORWARDED:
+            if name not in NOT_FORWARDED and name not in named:
                 parts += (name, b": ", value, b"\r\n")
         forwarded = self.headers.get(b"x-forwarded-for")
         peer = self.client.peer

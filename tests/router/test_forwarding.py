@@ -1,0 +1,51 @@
+"""What the router sends upstream: the request unchanged except hop-by-hop headers, Host,
+X-Forwarded-For and X-Request-Id."""
+
+from types import SimpleNamespace
+
+from router.proxy import Exchange
+from router.upstream import UpstreamPool
+
+
+def forwarded(header_list, body=b'{"model":"m"}', peer=b"127.0.0.9", request_id=b"rid-1"):
+    client = SimpleNamespace(ctx=SimpleNamespace(loop=SimpleNamespace(time=lambda: 0.0)), peer=peer)
+    headers = dict(header_list)
+    exchange = Exchange(
+        client, "m", b"POST", b"/v1/chat/completions?x=1", header_list, headers, body, request_id
+    )
+    pool = UpstreamPool("http://127.0.0.1:9000/base", connect_timeout=1)
+    head, _, sent_body = exchange.request_bytes(pool).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    return lines[0], [tuple(line.split(b": ", 1)) for line in lines[1:]], sent_body
+
+
+def test_hop_by_hop_headers_go_and_proxy_headers_come():
+    start, headers, body = forwarded(
+        [
+            (b"host", b"router.example"),
+            (b"connection", b"keep-alive, x-secret"),
+            (b"keep-alive", b"timeout=5"),
+            (b"te", b"trailers"),
+            (b"transfer-encoding", b"chunked"),
+            (b"content-type", b"application/json"),
+            (b"authorization", b"Bearer sk-1"),
+            (b"content-length", b"999"),
+            (b"x-custom", b"kept"),
+        ]
+    )
+    assert start == b"POST /base/v1/chat/completions?x=1 HTTP/1.1"
+    assert headers == [
+        (b"host", b"127.0.0.1:9000"),
+        (b"content-type", b"application/json"),
+        (b"authorization", b"Bearer sk-1"),
+        (b"x-custom", b"kept"),
+        (b"x-forwarded-for", b"127.0.0.9"),
+        (b"x-request-id", b"rid-1"),
+        (b"content-length", b"13"),
+    ]
+    assert body == b'{"model":"m"}'
+
+
+def test_an_existing_forwarded_for_is_extended():
+    _, headers, _ = forwarded([(b"x-forwarded-for", b"10.1.1.1")])
+    assert (b"x-forwarded-for", b"10.1.1.1, 127.0.0.9") in headers
