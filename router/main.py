@@ -140,6 +140,7 @@ def main(
         host=host,
         port=port,
         static_routes=routes,
+        reload_routes=None if control_plane else lambda: static_routes(list(backends), routes_file),
         control_plane=control_plane,
         token=read_token(token_file),
         router_id=router_id,

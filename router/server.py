@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -25,6 +26,7 @@ class RouterSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     static_routes: dict = field(default_factory=dict)
+    reload_routes: Callable[[], dict] | None = None  # static mode: SIGHUP reads the routes again
     control_plane: str | None = None
     token: str | None = None
     router_id: str = ""
@@ -60,6 +62,8 @@ class RouterServer:
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
+        if settings.reload_routes is not None:
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
         log.info(
             "gpurouter %s listening on http://%s:%d", self.router_id, settings.host, settings.port
         )
@@ -82,8 +86,18 @@ class RouterServer:
                 pool.close()
             if session is not None:
                 await session.close()
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
+
+    def reload(self) -> None:
+        """SIGHUP in static mode: apply the routes file again; a bad file changes nothing."""
+        try:
+            routes = self.settings.reload_routes()
+            self.table.update(routes)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("routes not reloaded, keeping the current table: %s", exc)
+            return
+        log.info("routes reloaded: %d model(s)", len(routes))
 
     async def tick(self, ctx: ProxyContext, session) -> None:
         reporter = None

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -316,3 +317,23 @@ def test_saturated_replicas_answer_503_with_retry_after(procs):
     assert "saturated" in json.loads(body)["error"]["message"]
     assert first["status"] == 200
     assert post(router + "/v1/completions", b'{"model":"m"}')[0] == 200
+
+
+def test_sighup_reloads_the_routes_file_and_a_bad_one_changes_nothing(procs, tmp_path):
+    first, second = procs.engine("a"), procs.engine("b")
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(f"a: [{first}]\n")
+    router, proc = procs.router("--routes", str(routes))
+
+    def models():
+        return [m["id"] for m in json.loads(get(router + "/v1/models")[1])["data"]]
+
+    assert models() == ["a"]
+    routes.write_text(f"b: [{second}]\n")
+    proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: models() == ["b"], what="the new routes")
+    routes.write_text("b: not-a-list\n")
+    proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "routes not reloaded" in procs.log(proc), what="the refusal")
+    assert post(router + "/v1/completions", b'{"model": "b"}')[0] == 200
+    assert models() == ["b"] and proc.poll() is None
