@@ -9,7 +9,7 @@ debug = os.environ.get("GPUFLEET_CYTHON_DEBUG") == "1"
 extension = Extension(
     "router._fastpath",
     ["router/_fastpath.pyx"],
-    extra_compile_args=["-O0", "-g"] if debug else ["-O2"],
+    extra_compile_args=["-O0", "-g"] if debug else ["-O3"],
 )
 
 setup(
