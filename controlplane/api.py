@@ -14,7 +14,6 @@ from controlplane.model import Schedulable, SpecError, parse_duration
 from controlplane.reconciler import Reconciler
 from controlplane.summary import model_rows, node_rows, replica_rows, summary
 
-ROLES = ("admin", "agent", "router")
 FLEET_KEY = web.AppKey("fleet", Fleet)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
 TOKENS_KEY = web.AppKey("tokens", dict)

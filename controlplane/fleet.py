@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from controlplane.idle import IdleState, IdleTracker
 from controlplane.model import (
@@ -51,7 +51,6 @@ class FleetSnapshot:
     idle: dict[str, tuple[float, IdleState]]
     now: float  # wall clock
     route_version: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopping", "Stopped"}
@@ -231,7 +230,7 @@ class Fleet:
             if replica.state != ReplicaState.STOPPING or node.name not in replica.nodes:
                 continue
             if replica.id not in reports or reports[replica.id]["state"] == "Stopped":
-                self.remove_replica(replica.id, node_done=node.name)
+                self.remove_replica(replica.id)
 
     def assignments(self, name: str) -> list[dict]:
         """What the agent of `name` must run: one entry per replica slice on that node."""
@@ -285,7 +284,7 @@ class Fleet:
         self.store.put_replica(replica)
         self.changed = True
 
-    def remove_replica(self, replica_id: str, node_done: str | None = None) -> None:
+    def remove_replica(self, replica_id: str) -> None:
         self.store.delete_replica(replica_id)
         self.replicas.pop(replica_id, None)
         self.idle.forget_replica(replica_id)

@@ -56,7 +56,6 @@ class RouteWatcher:
         sink,
         token: str | None,
         wait_s: float = 30.0,
-        on_update=None,
     ) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
@@ -64,8 +63,6 @@ class RouteWatcher:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.wait_s = wait_s
         self.version = -1
-        self.on_update = on_update
-        self.connected = asyncio.Event()
 
     async def run(self) -> None:
         backoff = 0.2
@@ -78,7 +75,6 @@ class RouteWatcher:
                         raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
                     table = await resp.json()
                 backoff = 0.2
-                self.connected.set()
                 if table["version"] != self.version:
                     self.apply(table)
             except asyncio.CancelledError:
@@ -95,5 +91,3 @@ class RouteWatcher:
         }
         self.sink.update(routes, version=table["version"])
         self.version = table["version"]
-        if self.on_update is not None:
-            self.on_update()
