@@ -14,7 +14,7 @@ from router.fastpath_py import normalise_routes
 
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 
@@ -382,6 +382,8 @@ cdef class EndpointTable:
             copy = <Slot*>malloc(capacity * sizeof(Slot))
             if copy == NULL:
                 raise MemoryError()
+            # Touch the pages now: faulting them in during the copy would be under the lock.
+            memset(copy, 0, capacity * sizeof(Slot))
         t0 = precise_ns()
         n = self._slot_count
         ids = self._ids
