@@ -8,6 +8,17 @@ import yaml
 from cli.context import Context, pass_context
 from cli.render import echo_json
 
+TEXT_OR_JSON = click.option(
+    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+
+
+def say(output: str, answer: dict, text: str) -> None:
+    if output == "json":
+        echo_json(answer)
+    else:
+        click.echo(text)
+
 
 def read_specs(path: str) -> list:
     try:
@@ -36,7 +47,7 @@ def read_specs(path: str) -> list:
     required=True,
     help="YAML file of model specs ('-' for standard input).",
 )
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@TEXT_OR_JSON
 @pass_context
 def apply(ctx: Context, path: str, output: str):
     """Create or update the models in a YAML file (one spec per document, or `models:`)."""
@@ -52,30 +63,33 @@ def apply(ctx: Context, path: str, output: str):
 
 @click.command("delete")
 @click.argument("model")
+@TEXT_OR_JSON
 @pass_context
-def delete(ctx: Context, model: str):
+def delete(ctx: Context, model: str, output: str):
     """Delete MODEL; its replicas are stopped."""
     answer = ctx.delete(f"/v1/models/{model}")
-    click.echo(f"model/{answer['spec']['name']} deleted")
+    say(output, answer, f"model/{answer['spec']['name']} deleted")
 
 
 @click.command("scale")
 @click.argument("model")
 @click.argument("replicas", type=click.IntRange(min=0))
+@TEXT_OR_JSON
 @pass_context
-def scale(ctx: Context, model: str, replicas: int):
+def scale(ctx: Context, model: str, replicas: int, output: str):
     """Set MODEL's number of REPLICAS."""
     answer = ctx.post(f"/v1/models/{model}/scale", {"replicas": replicas})
-    click.echo(f"model/{answer['spec']['name']} scaled to {answer['spec']['replicas']}")
+    say(output, answer, f"model/{answer['spec']['name']} scaled to {answer['spec']['replicas']}")
 
 
 def _node_action(action: str, help_text: str):
     @click.command(action, help=help_text)
     @click.argument("node")
+    @TEXT_OR_JSON
     @pass_context
-    def command(ctx: Context, node: str):
+    def command(ctx: Context, node: str, output: str):
         answer = ctx.post(f"/v1/nodes/{node}/{action}")
-        click.echo(f"node/{answer['name']} {answer['schedulable']}")
+        say(output, answer, f"node/{answer['name']} {answer['schedulable']}")
 
     return command
 

@@ -92,3 +92,18 @@ def test_server_and_token_come_from_env_then_config_file(cp, tmp_path, monkeypat
         "--server", f"http://127.0.0.1:{free_port()}", "status", env={"GPUCTL_SERVER": cp}
     )
     assert "cannot reach" in flagged.output, "a flag wins over the environment"
+
+
+def test_mutations_answer_json_too(cp, tmp_path):
+    specs = tmp_path / "m.yaml"
+    specs.write_text(yaml.safe_dump(spec(name="llama")))
+    auth = ["--server", cp, "--token", "sekret"]
+    applied = json.loads(run(*auth, "apply", "-f", str(specs), "-o", "json").output)
+    assert applied["items"][0]["result"] == "created"
+    scaled = json.loads(run(*auth, "scale", "llama", "3", "-o", "json").output)
+    assert scaled["spec"]["replicas"] == 3
+    call("POST", cp + "/v1/nodes", make_node("gpu-1", gpus=2), token="sekret")
+    drained = json.loads(run(*auth, "drain", "gpu-1", "-o", "json").output)
+    assert drained["schedulable"] == "draining"
+    deleted = json.loads(run(*auth, "delete", "llama", "-o", "json").output)
+    assert deleted["result"] == "deleted"
