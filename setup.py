@@ -3,7 +3,7 @@ import os
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-# GPUFLEET_CYTHON_DEBUG=1 writes the annotated HTML and keeps line tracing hooks out of -O2.
+# GPUFLEET_CYTHON_DEBUG=1: no optimisation, debug symbols, and the annotated HTML beside the .pyx.
 debug = os.environ.get("GPUFLEET_CYTHON_DEBUG") == "1"
 
 extension = Extension(
