@@ -133,6 +133,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.reading_since = 0.0
         self.idle_since = ctx.loop.time()
+        self.keep_alive = True
         self._reset_request()
 
     def _reset_request(self) -> None:
