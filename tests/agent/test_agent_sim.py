@@ -1,5 +1,6 @@
 """The agent in sim mode against a real control plane and router, all real processes."""
 
+import json
 import signal
 
 import openai
@@ -141,3 +142,29 @@ def test_faults_gpu_unhealthy_node_silent_replica_killed(procs, tmp_path):
     wait_until(lambda: len(fleet.replicas("Ready")) == 1, what="a replacement")
     assert fleet.admin("/kill", {"replica": "nope"})[0] == 404
     assert fleet.admin("/gpu/fail", {"node": "ghost", "index": 0})[0] == 404
+
+
+def test_a_two_node_replica_runs_one_rank_per_node(procs, tmp_path):
+    fleet = SimFleet(procs, tmp_path)
+    call(
+        "POST", fleet.url + "/v1/models", spec(name="big", gpus_per_replica=2, nodes_per_replica=2)
+    )
+    (replica,) = wait_until(lambda: fleet.replicas("Ready"), what="the two-node replica")
+    assert sorted(replica["nodes"]) == ["ib-a-0", "ib-a-1"]
+    ranks = {}
+    for record in (tmp_path / "agent" / "nodes").glob("*/replicas/*.json"):
+        pid = json.loads(record.read_text())["pid"]
+        env = dict(
+            item.split(b"=", 1)
+            for item in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            if b"=" in item
+        )
+        ranks[record.parent.parent.name] = (
+            env[b"NODE_RANK"],
+            env[b"NNODES"],
+            env[b"CUDA_VISIBLE_DEVICES"],
+        )
+    leader = replica["placement"][0]["node"]
+    follower = replica["placement"][1]["node"]
+    assert ranks == {leader: (b"0", b"2", b"0,1"), follower: (b"1", b"2", b"0,1")}
+    assert replica["url"].startswith("http://127.0.0.1:")
