@@ -14,6 +14,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
+FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding"})
+FRAMING_NAME_LENGTHS = frozenset(len(name) for name in FRAMING_HEADERS)
+
 
 class ResponseListener(Protocol):
     def upstream_headers(self, status: int, reason: bytes, headers: list) -> None: ...
@@ -80,12 +83,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
+        # The length test first: it rules out nearly every header without a lower().
+        if len(name) in FRAMING_NAME_LENGTHS and name.lower() in FRAMING_HEADERS:
+            self.framed = True
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
-        self.framed = any(
-            name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers
-        )
         if self.listener is not None:
             self.listener.upstream_headers(self.parser.get_status_code(), self.reason, self.headers)
         self.reason = b""

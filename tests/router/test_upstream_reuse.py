@@ -2,11 +2,11 @@
 lands on such a connection is sent again on a new one, and the replica is not blamed."""
 
 import asyncio
-import threading
 
 import pytest
 
-from tests.harness import free_port, get, post
+from tests.harness import get, post
+from tests.router.fake_upstreams import serving
 
 pytestmark = pytest.mark.integration
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -39,26 +39,8 @@ class ClosesReusedConnections(asyncio.Protocol):
 
 @pytest.fixture
 def fake_upstream():
-    port = free_port()
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-
-    stop = asyncio.Event()
-
-    async def serve():
-        server = await loop.create_server(ClosesReusedConnections, "127.0.0.1", port)
-        ready.set()
-        await stop.wait()
-        server.close()
-        await server.wait_closed()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    ready.wait(5)
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(5)
-    loop.close()
+    with serving(ClosesReusedConnections) as url:
+        yield url
 
 
 def metric(router, name):

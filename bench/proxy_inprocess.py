@@ -1,0 +1,102 @@
+"""The router's per-request Python cost without sockets: a request goes through the real
+ClientConnection, Exchange and UpstreamConnection, with transports that only record writes.
+
+    python -m bench.proxy_inprocess [--requests 20000] [--profile]
+
+What it measures is everything gpurouter does per request except the system calls, so it is
+stable where a load test on a shared machine is not, and cProfile's view of it is not drowned
+by the event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+from router.fastpath import EndpointTable
+from router.proxy import ClientConnection, ProxyConfig, ProxyContext
+from router.upstream import UpstreamConnection
+
+BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 4}'
+REQUEST = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAccept: application/json\r\n"
+    b"Content-Type: application/json\r\nUser-Agent: OpenAI/Python 1.0\r\n"
+    b"Authorization: Bearer sk-none\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+)
+ANSWER_BODY = b'{"id":"cmpl-1","object":"text_completion","model":"m","choices":[]}'
+ANSWER = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ndate: Mon, 30 Nov 2026 00:00:00 GMT"
+    b"\r\nserver: uvicorn\r\ncontent-length: %d\r\n\r\n%s" % (len(ANSWER_BODY), ANSWER_BODY)
+)
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.written = 0
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 50000) if name == "peername" else default
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+    def pause_reading(self) -> None:
+        pass
+
+    resume_reading = pause_reading
+
+
+def run(requests: int) -> float:
+    """Seconds per request through the proxy's Python code."""
+
+    async def body() -> float:
+        table = EndpointTable()
+        table.update({"m": [("r1", "http://127.0.0.1:9")]})
+        ctx = ProxyContext(table, ProxyConfig())
+        pool = ctx.pool_for("http://127.0.0.1:9")
+        upstream = UpstreamConnection(pool)
+        upstream.connection_made(RecordingTransport())
+        pool.open.add(upstream)
+        pool.put_back(upstream)
+        client = ClientConnection(ctx)
+        client_transport = RecordingTransport()
+        client.connection_made(client_transport)
+        feed_client, feed_upstream = client.data_received, upstream.data_received
+        t0 = time.perf_counter()
+        for _ in range(requests):
+            feed_client(REQUEST)
+            feed_upstream(ANSWER)
+        elapsed = time.perf_counter() - t0
+        assert client_transport.written >= requests * len(ANSWER_BODY), "answers went missing"
+        assert table.snapshot()["used"] == {"r1": 0.0} or table.in_flight(0) == 0
+        return elapsed / requests
+
+    import uvloop
+
+    return uvloop.new_event_loop().run_until_complete(body())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(run, args.requests)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+    else:
+        best = min(run(args.requests) for _ in range(5))
+        print(f"{best * 1e6:.2f} µs of Python per proxied request")
+
+
+if __name__ == "__main__":
+    main()
