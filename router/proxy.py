@@ -134,6 +134,8 @@ class ClientConnection(asyncio.Protocol):
         self.reading_since = 0.0
         self.idle_since = ctx.loop.time()
         self.keep_alive = True
+        self.max_header_bytes = ctx.config.max_header_bytes  # read per header: kept at hand
+        self.max_body_bytes = ctx.config.max_body_bytes
         self._reset_request()
 
     def _reset_request(self) -> None:
@@ -202,7 +204,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_bytes += len(name) + len(value)
-        if self.header_bytes > self.ctx.config.max_header_bytes:
+        if self.header_bytes > self.max_header_bytes:
             raise RequestRefused(431, "request headers are too large")
         name = name.lower()
         self.header_list.append((name, value))
@@ -210,12 +212,12 @@ class ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         length = self.headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.ctx.config.max_body_bytes:
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             raise RequestRefused(413, "request body is too large")
 
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
-        if self.body_bytes > self.ctx.config.max_body_bytes:
+        if self.body_bytes > self.max_body_bytes:
             raise RequestRefused(413, "request body is too large")
         self.body.append(body)
 
