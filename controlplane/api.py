@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import time
 
 import orjson
 from aiohttp import web
@@ -273,7 +272,7 @@ def build_app(
     app[RECONCILER_KEY] = reconciler
     app[TOKENS_KEY] = tokens
     app[WAKE_KEY] = wake_event
-    app[STATS_KEY] = {"activity_reports": 0, "ticks": 0, "started": time.time()}
+    app[STATS_KEY] = {"activity_reports": 0, "ticks": 0}
     r = app.router
     r.add_get("/healthz", healthz)
     r.add_get("/metrics", metrics)

@@ -101,7 +101,7 @@ class ProxyContext:
         """Close pools of endpoints no longer in the table (once a tick, not per request)."""
         live = {url for model in self.table.models() for _, _, url in self.table.endpoints(model)}
         for url in list(self.pools):
-            if url not in live and not self.pools[url].open - set(self.pools[url].idle):
+            if url not in live and not self.pools[url].busy():
                 self.pools.pop(url).close()
 
     def sweep(self) -> None:

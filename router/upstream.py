@@ -200,6 +200,10 @@ class UpstreamPool:
         self.open.add(conn)
         return conn
 
+    def busy(self) -> bool:
+        """Whether some connection is carrying an exchange now."""
+        return len(self.open) > len(self.idle)
+
     def put_back(self, conn: UpstreamConnection) -> None:
         if len(self.idle) < self.max_idle:
             conn.idle_since = asyncio.get_running_loop().time()

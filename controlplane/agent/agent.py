@@ -60,7 +60,6 @@ class NodeAgent:
         self.client = client
         self.heartbeat_s = heartbeat_s
         self.silenced = False  # fault injection: the node stops heartbeating
-        self.registered = asyncio.Event()
 
     async def run(self) -> None:
         await self.register()
@@ -78,7 +77,6 @@ class NodeAgent:
         while True:
             try:
                 await self.client.post("/v1/nodes", self.inventory.describe())
-                self.registered.set()
                 log.info("%s registered", self.inventory.name)
                 return
             except asyncio.CancelledError:

@@ -193,7 +193,9 @@ def test_threads_acquire_release_while_another_updates_and_snapshots(fastpath):
     assert not errors
     for slot, _, _ in table.endpoints("m"):
         assert table.in_flight(slot) == 0
-    assert all(v == 0.0 or v > 0 for v in table.snapshot()["used"].values())
+    snapshot = table.snapshot()
+    assert set(snapshot["watched"]) == {i for _, i, _ in table.endpoints("m")}
+    assert set(snapshot["used"]) <= set(snapshot["watched"]), "a retired endpoint leaked"
 
 
 @pytest.mark.parametrize("switch, extension", [("1", False), ("0", True)])
