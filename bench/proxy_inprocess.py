@@ -15,8 +15,9 @@ import cProfile
 import pstats
 import time
 
+from router.context import ProxyConfig, ProxyContext
 from router.fastpath import EndpointTable
-from router.proxy import ClientConnection, ProxyConfig, ProxyContext
+from router.front import ClientConnection
 from router.upstream import UpstreamConnection
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 4}'
@@ -47,6 +48,9 @@ class RecordingTransport:
         self.closed = True
 
     abort = close
+
+    def is_closing(self) -> bool:
+        return self.closed
 
     def pause_reading(self) -> None:
         pass

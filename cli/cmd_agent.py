@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
+from cli.listen import parse_listen
 from cli.paths import state_dir
 from controlplane.tokens import load_tokens
-from router.main import parse_listen
 
 
 @click.command("agent")

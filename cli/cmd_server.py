@@ -5,10 +5,10 @@ import sys
 
 import click
 
+from cli.listen import parse_listen
 from cli.paths import default_state_path
 from controlplane.server import serve
 from controlplane.tokens import load_tokens
-from router.main import parse_listen
 
 
 @click.command("server")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
+from cli.listen import parse_listen
 from cli.up import FleetUp
-from router.main import parse_listen
 
 
 @click.command("up")

@@ -34,21 +34,33 @@ class EndpointTable:
         max_ejection_s: float = 300.0,
         max_ejection_percent: int = 50,
         max_in_flight: int = 0,
+        load_factor: float = 1.25,
     ) -> None: ...
-    def acquire(self, model: str) -> int:
-        """Least in-flight non-ejected endpoint of `model` (ties rotate); counts the request
-        on it, which reports as used now until its release stamps the end of the use.
-        A slot >= 0, or NO_MODEL / NO_ENDPOINT / SATURATED."""
-    def release(self, slot: int, failed: bool = False) -> None:
+    load_factor: float
+    """c of the bounded-load rule for keyed picks (>= 1)."""
+    def acquire(self, model: str, key: int = 0, exclude: tuple[int, ...] = ()) -> int:
+        """Pick a non-ejected endpoint of `model` whose slot is not in `exclude` (at most 16
+        slots: those this request already tried) and count the request on it, which reports
+        as used now until its release stamps the end of the use.
+
+        key 0: least in-flight, ties rotate. A non-zero key (a 64-bit hash of a session or a
+        prompt prefix, computed by the caller): rendezvous hashing with bounded loads, the
+        endpoint with the highest score for the key among those whose in-flight count stays
+        within ceil(load_factor * (model in-flight + 1) / usable endpoints); the least loaded
+        when none is. A slot >= 0, or NO_MODEL / NO_ENDPOINT / SATURATED."""
+    def release(self, slot: int, failed: bool = False) -> bool:
         """End a request on `slot`, stamping its last use; `failed` counts towards ejection
-        (consecutive failures); safe on a slot whose endpoint was removed meanwhile."""
+        (consecutive failures); safe on a slot whose endpoint was removed meanwhile.
+        Returns True when this failure ejected the endpoint."""
     def update(self, routes: Mapping[str, Iterable[Any]], version: int | None = None) -> None:
         """Replace the whole table atomically; survivors keep slot, counts and stamps."""
     def snapshot(self) -> dict[str, dict[str, float]]:
         """{"used": {id: seconds since last use}, "watched": {id: seconds watched}}.
         `used` holds only endpoints used since watched; in-flight ones report 0."""
-    def endpoint_id(self, slot: int) -> str | None: ...
-    def endpoint_url(self, slot: int) -> str | None: ...
+    def endpoint_id(self, slot: int) -> str | None:
+        """None once the endpoint was removed; IndexError for a slot that never existed."""
+    def endpoint_url(self, slot: int) -> str | None:
+        """None once the endpoint was removed; IndexError for a slot that never existed."""
     def in_flight(self, slot: int) -> int: ...
     def is_ejected(self, slot: int) -> bool: ...
     def models(self) -> list[str]: ...

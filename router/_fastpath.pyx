@@ -10,9 +10,10 @@ import threading
 
 cimport cython
 
-from router.fastpath_py import normalise_routes
+from router.fastpath_py import endpoint_hash, normalise_routes
 
-from libc.stdint cimport int32_t, int64_t
+from libc.math cimport ceil
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -45,6 +46,7 @@ cdef extern from *:
 cdef enum:
     NEVER = -1
     SLOT_RETIRED = -1
+    MAX_EXCLUDED_ = 16
 
 cdef enum AcquireResult:
     NO_MODEL_ = -1
@@ -61,6 +63,7 @@ cdef struct Slot:
     int32_t ejections        # how many times in a row it has been ejected
     int64_t ejected_until_ns # 0 when not ejected
     int64_t last_ejection_end_ns
+    uint64_t id_hash         # where the endpoint sits for keyed picks (endpoint_hash of its id)
 
 
 cdef struct Model:
@@ -76,6 +79,22 @@ cdef inline int64_t monotonic_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline uint64_t key_score(uint64_t key, uint64_t id_hash) noexcept nogil:
+    # splitmix64's finaliser: the same score as fastpath_py.key_score.
+    cdef uint64_t z = key ^ id_hash
+    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+cdef inline bint is_excluded(int32_t slot, int32_t* excluded, int32_t n_excluded) noexcept nogil:
+    cdef int32_t i
+    for i in range(n_excluded):
+        if excluded[i] == slot:
+            return True
+    return False
 
 
 cdef inline int64_t precise_ns() noexcept nogil:
@@ -113,6 +132,7 @@ cdef class EndpointTable:
     cdef readonly int64_t max_ejection_ns
     cdef readonly int32_t max_ejection_percent
     cdef readonly int32_t max_in_flight
+    cdef readonly double load_factor
     cdef readonly int64_t last_snapshot_lock_ns
     cdef readonly int64_t ejections_total
 
@@ -126,11 +146,15 @@ cdef class EndpointTable:
         double max_ejection_s=300.0,
         int max_ejection_percent=50,
         int max_in_flight=0,
+        double load_factor=1.25,
     ):
         if failures_to_eject < 1:
             raise ValueError("failures_to_eject must be at least 1")
         if not 0 <= max_ejection_percent <= 100:
             raise ValueError("max_ejection_percent must be within 0..100")
+        if not load_factor >= 1.0:
+            raise ValueError("load_factor must be at least 1")
+        self.load_factor = load_factor
         self.failures_to_eject = failures_to_eject
         self.base_ejection_ns = <int64_t>(base_ejection_s * 1e9)
         self.max_ejection_ns = <int64_t>(max_ejection_s * 1e9)
@@ -164,16 +188,29 @@ cdef class EndpointTable:
         """Test hook: freeze the table's clock at `seconds`, or release it with None."""
         self._pinned_ns = NEVER if seconds is None else <int64_t>(seconds * 1e9)
 
-    def acquire(self, str model):
-        """Pick the least-loaded usable endpoint of `model` and count a request on it
-        (it reports as used now until the matching release stamps the end of the use).
+    def acquire(self, str model, uint64_t key=0, tuple exclude=()):
+        """Pick an endpoint of `model` and count a request on it (it reports as used now
+        until the matching release stamps the end of the use).
+
+        Endpoints that are ejected or whose slot is in `exclude` (the slots this request
+        already tried) are skipped. With key 0: the least in-flight, ties rotate. With a key:
+        rendezvous hashing with bounded loads, the highest-scoring endpoint for the key whose
+        in-flight count stays within ceil(load_factor * (model in-flight + 1) / usable).
 
         Returns the slot, or NO_MODEL (unknown model), NO_ENDPOINT (no usable endpoint),
-        SATURATED (every endpoint at max_in_flight).
+        SATURATED (the pick is at max_in_flight).
         """
         cdef int32_t m, i, pos, slot, best = -1, best_pos = 0, best_load = 0
+        cdef int32_t usable = 0, model_load = 0, n_excluded = 0
+        cdef int32_t excluded[MAX_EXCLUDED_]
         cdef Model* mdl
         cdef Slot* s
+        if exclude:
+            n_excluded = len(exclude)
+            if n_excluded > MAX_EXCLUDED_:
+                raise ValueError(f"exclude holds at most {MAX_EXCLUDED_} slots")
+            for i in range(n_excluded):
+                excluded[i] = exclude[i]
         self._lock_acquire()
         # Looked up under the lock: an update swaps the index and the model array together.
         cdef object found = self._model_index.get(model)
@@ -198,6 +235,11 @@ cdef class EndpointTable:
                 s.ejected_until_ns = 0
                 s.last_ejection_end_ns = now
                 mdl.ejected -= 1
+            if n_excluded and is_excluded(slot, excluded, n_excluded):
+                pos += 1
+                continue
+            usable += 1
+            model_load += s.in_flight
             if best == -1 or s.in_flight < best_load:
                 best = slot
                 best_pos = pos
@@ -206,23 +248,50 @@ cdef class EndpointTable:
         if best == -1:
             table_lock_release(&self._lock)
             return NO_ENDPOINT_
+        if key != 0:
+            best = self._keyed_pick(mdl, key, excluded, n_excluded, usable, model_load, best)
+            best_load = self._slots[best].in_flight
         if self.max_in_flight > 0 and best_load >= self.max_in_flight:
             table_lock_release(&self._lock)
             return SATURATED_
         s = &self._slots[best]
         s.in_flight += 1
-        mdl.cursor = best_pos + 1 if best_pos + 1 < mdl.count else 0
+        if key == 0:
+            mdl.cursor = best_pos + 1 if best_pos + 1 < mdl.count else 0
         table_lock_release(&self._lock)
         return best
 
+    cdef int32_t _keyed_pick(self, Model* mdl, uint64_t key, int32_t* excluded,
+                             int32_t n_excluded, int32_t usable, int32_t model_load,
+                             int32_t least) noexcept:
+        # Rendezvous hashing with bounded loads; `least` when no endpoint is within the bound.
+        cdef double bound = ceil(self.load_factor * (model_load + 1) / usable)
+        cdef int32_t i, slot, best = -1
+        cdef uint64_t score, best_score = 0
+        cdef Slot* s
+        for i in range(mdl.count):
+            slot = self._model_slots[mdl.first + i]
+            s = &self._slots[slot]
+            if s.ejected_until_ns != 0 or s.in_flight + 1 > bound:
+                continue
+            if n_excluded and is_excluded(slot, excluded, n_excluded):
+                continue
+            score = key_score(key, s.id_hash)
+            if best == -1 or score > best_score:
+                best = slot
+                best_score = score
+        return least if best == -1 else best
+
     def release(self, int slot, bint failed=False):
-        """End a request on `slot`; count a failure towards ejection when `failed`."""
+        """End a request on `slot`; count a failure towards ejection when `failed`.
+        Returns whether this failure ejected the endpoint."""
+        cdef bint ejected = False
         if slot < 0:
-            return
+            return False
         self._lock_acquire()
         if slot >= self._slot_count:
             table_lock_release(&self._lock)
-            return
+            return False
         cdef int64_t now = self._now()
         cdef Slot* s = &self._slots[slot]
         if s.in_flight > 0:
@@ -232,12 +301,13 @@ cdef class EndpointTable:
             if failed:
                 s.consecutive_failures += 1
                 if s.consecutive_failures >= self.failures_to_eject and s.ejected_until_ns == 0:
-                    self._try_eject(s, now)
+                    ejected = self._try_eject(s, now)
             else:
                 s.consecutive_failures = 0
         table_lock_release(&self._lock)
+        return ejected
 
-    cdef void _try_eject(self, Slot* s, int64_t now) noexcept:
+    cdef bint _try_eject(self, Slot* s, int64_t now) noexcept:
         cdef Model* mdl = &self._models[s.model]
         cdef int32_t allowed = mdl.count * self.max_ejection_percent // 100
         if allowed < 1:
@@ -245,7 +315,7 @@ cdef class EndpointTable:
         if allowed > mdl.count - 1:
             allowed = mdl.count - 1
         if mdl.ejected >= allowed:
-            return
+            return False
         if s.last_ejection_end_ns != 0 and now - s.last_ejection_end_ns > self.max_ejection_ns:
             s.ejections = 0
         s.ejections += 1
@@ -256,6 +326,7 @@ cdef class EndpointTable:
         s.consecutive_failures = 0
         mdl.ejected += 1
         self.ejections_total += 1
+        return True
 
     def update(self, routes, version=None):
         """Replace the table with `routes` ({model: [(endpoint_id, url), ...]}) atomically.
@@ -285,7 +356,7 @@ cdef class EndpointTable:
         names = list(wanted)
         ids = list(self._ids)
         urls = list(self._urls)
-        plan = []      # (model index, slot, is new)
+        plan = []      # (model index, slot, is new, id hash)
         for m, name in enumerate(names):
             for endpoint_id, url in wanted[name]:
                 slot = current.pop((name, endpoint_id), -1)
@@ -299,7 +370,7 @@ cdef class EndpointTable:
                         urls.append(None)
                 ids[slot] = endpoint_id
                 urls[slot] = url
-                plan.append((m, slot, is_new))
+                plan.append((m, slot, is_new, endpoint_hash(endpoint_id)))
         retired = list(current.values())
         for slot in retired:
             ids[slot] = None
@@ -323,6 +394,7 @@ cdef class EndpointTable:
         cdef Slot* s
         cdef bint fresh
         cdef int64_t now
+        cdef uint64_t id_hash
         self._lock_acquire()
         now = self._now()
         if grown != NULL:
@@ -334,8 +406,9 @@ cdef class EndpointTable:
             s = &self._slots[slot]
             s.model = SLOT_RETIRED
             s.ejected_until_ns = 0
-        for m, slot, fresh in plan:
+        for m, slot, fresh, id_hash in plan:
             s = &self._slots[slot]
+            s.id_hash = id_hash
             if fresh:
                 s.in_flight = 0
                 s.last_used_ns = NEVER
@@ -410,10 +483,14 @@ cdef class EndpointTable:
 
     def endpoint_id(self, int slot):
         """Id of the endpoint in `slot` (None once it has been removed)."""
+        if not 0 <= slot < len(self._ids):
+            raise IndexError(f"no slot {slot}")
         return self._ids[slot]
 
     def endpoint_url(self, int slot):
         """URL of the endpoint in `slot` (None once it has been removed)."""
+        if not 0 <= slot < len(self._urls):
+            raise IndexError(f"no slot {slot}")
         return self._urls[slot]
 
     def in_flight(self, int slot):

@@ -18,22 +18,21 @@ REASONS = {
     504: b"Gateway Timeout",
 }
 
+# The `type` values of OpenAI's API: what its SDK's clients show. The status picks the SDK's
+# exception class (BadRequestError, AuthenticationError, NotFoundError, InternalServerError...).
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
-    404: "not_found_error",
+    404: "invalid_request_error",
     405: "invalid_request_error",
-    408: "timeout_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     431: "invalid_request_error",
-    502: "upstream_error",
-    503: "overloaded_error",
-    504: "timeout_error",
 }
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None):
-    kind = ERROR_TYPES.get(status, "server_error")
+    kind = ERROR_TYPES.get(status, "server_error")  # 5xx: the server's fault, not the client's
     return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
@@ -42,7 +41,7 @@ def sse_error_event(message: str) -> bytes:
     event = {
         "error": {
             "message": message,
-            "type": "upstream_error",
+            "type": "server_error",
             "param": None,
             "code": "upstream_disconnected",
         }

@@ -6,6 +6,7 @@ benchmarks, and what runs when `GPUROUTER_NO_EXTENSIONS=1` or the extension is n
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -15,6 +16,24 @@ SATURATED = -3
 
 _NEVER = -1
 _RETIRED = -1
+_MASK64 = (1 << 64) - 1
+MAX_EXCLUDED = 16
+
+
+def endpoint_hash(endpoint_id: str) -> int:
+    """FNV-1a (64 bits) of the id's UTF-8 bytes: where an endpoint sits for keyed picks."""
+    value = 0xCBF29CE484222325
+    for byte in endpoint_id.encode():
+        value = ((value ^ byte) * 0x100000001B3) & _MASK64
+    return value
+
+
+def key_score(key: int, id_hash: int) -> int:
+    """Rendezvous score of an endpoint for a key (splitmix64's finaliser of key ^ id hash)."""
+    z = (key ^ id_hash) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 class _Slot:
@@ -27,10 +46,12 @@ class _Slot:
         "ejections",
         "ejected_until_ns",
         "last_ejection_end_ns",
+        "id_hash",
     )
 
     def __init__(self, model: int, now: int) -> None:
         self.model = model
+        self.id_hash = 0
         self.in_flight = 0
         self.last_used_ns = _NEVER
         self.watched_since_ns = now
@@ -59,11 +80,15 @@ class EndpointTable:
         max_ejection_s: float = 300.0,
         max_ejection_percent: int = 50,
         max_in_flight: int = 0,
+        load_factor: float = 1.25,
     ) -> None:
         if failures_to_eject < 1:
             raise ValueError("failures_to_eject must be at least 1")
         if not 0 <= max_ejection_percent <= 100:
             raise ValueError("max_ejection_percent must be within 0..100")
+        if not load_factor >= 1.0:
+            raise ValueError("load_factor must be at least 1")
+        self.load_factor = load_factor
         self.failures_to_eject = failures_to_eject
         self.base_ejection_ns = int(base_ejection_s * 1e9)
         self.max_ejection_ns = int(max_ejection_s * 1e9)
@@ -89,7 +114,9 @@ class EndpointTable:
         """Test hook: freeze the table's clock at `seconds`, or release it with None."""
         self._pinned_ns = _NEVER if seconds is None else int(seconds * 1e9)
 
-    def acquire(self, model: str) -> int:
+    def acquire(self, model: str, key: int = 0, exclude: tuple = ()) -> int:
+        if len(exclude) > MAX_EXCLUDED:
+            raise ValueError(f"exclude holds at most {MAX_EXCLUDED} slots")
         with self._lock:
             m = self._model_index.get(model)
             if m is None:
@@ -101,6 +128,8 @@ class EndpointTable:
             best = -1
             best_pos = 0
             best_load = 0
+            usable = 0
+            model_load = 0
             for i in range(count):
                 pos = (mdl.cursor + i) % count
                 slot = mdl.slots[pos]
@@ -111,43 +140,69 @@ class EndpointTable:
                     s.ejected_until_ns = 0
                     s.last_ejection_end_ns = now
                     mdl.ejected -= 1
+                if slot in exclude:
+                    continue
+                usable += 1
+                model_load += s.in_flight
                 if best == -1 or s.in_flight < best_load:
                     best, best_pos, best_load = slot, pos, s.in_flight
             if best == -1:
                 return NO_ENDPOINT
+            if key:
+                best, best_load = self._keyed_pick(
+                    mdl, key, exclude, usable, model_load, best, best_load
+                )
             if self.max_in_flight > 0 and best_load >= self.max_in_flight:
                 return SATURATED
             s = self._slots[best]
             s.in_flight += 1
-            mdl.cursor = (best_pos + 1) % count
+            if not key:
+                mdl.cursor = (best_pos + 1) % count
             return best
 
-    def release(self, slot: int, failed: bool = False) -> None:
+    def _keyed_pick(self, mdl, key, exclude, usable, model_load, least, least_load):
+        """Rendezvous hashing with bounded loads: the usable endpoint with the highest score
+        for `key` among those whose load stays within the bound once this request is added."""
+        bound = math.ceil(self.load_factor * (model_load + 1) / usable)
+        best, best_load, best_score = -1, 0, -1
+        for slot in mdl.slots:
+            s = self._slots[slot]
+            if s.ejected_until_ns != 0 or slot in exclude or s.in_flight + 1 > bound:
+                continue
+            score = key_score(key, s.id_hash)
+            if score > best_score:
+                best, best_load, best_score = slot, s.in_flight, score
+        if best == -1:
+            return least, least_load
+        return best, best_load
+
+    def release(self, slot: int, failed: bool = False) -> bool:
         if slot < 0:
-            return
+            return False
         with self._lock:
             if slot >= len(self._slots):
-                return
+                return False
             now = self._now()
             s = self._slots[slot]
             if s.in_flight > 0:
                 s.in_flight -= 1
             s.last_used_ns = now
             if s.model == _RETIRED:
-                return
+                return False
             if not failed:
                 s.consecutive_failures = 0
-                return
+                return False
             s.consecutive_failures += 1
             if s.consecutive_failures >= self.failures_to_eject and s.ejected_until_ns == 0:
-                self._try_eject(s, now)
+                return self._try_eject(s, now)
+            return False
 
-    def _try_eject(self, s: _Slot, now: int) -> None:
+    def _try_eject(self, s: _Slot, now: int) -> bool:
         mdl = self._models[s.model]
         count = len(mdl.slots)
         allowed = min(max(1, count * self.max_ejection_percent // 100), count - 1)
         if mdl.ejected >= allowed:
-            return
+            return False
         if s.last_ejection_end_ns != 0 and now - s.last_ejection_end_ns > self.max_ejection_ns:
             s.ejections = 0
         s.ejections += 1
@@ -155,6 +210,7 @@ class EndpointTable:
         s.consecutive_failures = 0
         mdl.ejected += 1
         self.ejections_total += 1
+        return True
 
     def update(self, routes, version: int | None = None) -> None:
         wanted = normalise_routes(routes)
@@ -186,6 +242,7 @@ class EndpointTable:
                             self._urls.append(None)
                     s = self._slots[slot]
                     s.model = m
+                    s.id_hash = endpoint_hash(endpoint_id)
                     self._ids[slot] = endpoint_id
                     self._urls[slot] = url
                     mdl.slots.append(slot)
@@ -224,9 +281,13 @@ class EndpointTable:
         return {"used": used, "watched": watched}
 
     def endpoint_id(self, slot: int) -> str | None:
+        if not 0 <= slot < len(self._ids):
+            raise IndexError(f"no slot {slot}")
         return self._ids[slot]
 
     def endpoint_url(self, slot: int) -> str | None:
+        if not 0 <= slot < len(self._urls):
+            raise IndexError(f"no slot {slot}")
         return self._urls[slot]
 
     def in_flight(self, slot: int) -> int:

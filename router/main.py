@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 
 import click
 import yaml
 
-from router.proxy import ProxyConfig
+from cli.listen import parse_listen
+from router.context import ProxyConfig
 from router.routes import static_routes
 from router.server import RouterServer, RouterSettings
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host or "127.0.0.1", int(port)
 
 
 def read_token(path: str | None) -> str | None:
@@ -177,10 +173,12 @@ def run_workers(settings: RouterSettings, workers: int) -> int:
     """N processes on one port (SO_REUSEPORT), each with its own table and reporter."""
     children = []
     base_id = settings.router_id or f"{os.uname().nodename}-{os.getpid()}"
+    settings.metrics_folder = tempfile.mkdtemp(prefix="gpurouter-metrics-")
     for index in range(workers):
         pid = os.fork()
         if pid == 0:
             settings.router_id = f"{base_id}-w{index}"
+            settings.worker = index
             os._exit(run(settings))
         children.append(pid)
 
@@ -197,4 +195,5 @@ def run_workers(settings: RouterSettings, workers: int) -> int:
     for child in children:
         _, code = os.waitpid(child, 0)
         status = status or os.waitstatus_to_exitcode(code)
+    shutil.rmtree(settings.metrics_folder, ignore_errors=True)
     return status

@@ -9,11 +9,48 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from urllib.parse import urlsplit
 
 import aiohttp
 import yaml
 
 log = logging.getLogger("gpurouter.routes")
+
+
+class BadRoute(ValueError):
+    pass
+
+
+def check_url(url: str) -> str:
+    """The URL as the router will use it, or BadRoute saying what is wrong with it."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise BadRoute(f"{url!r}: {exc}") from None
+    if parts.scheme != "http":
+        raise BadRoute(f"{url!r}: only http:// replicas are supported")
+    if not parts.hostname:
+        raise BadRoute(f"{url!r}: no host")
+    if port == 0:
+        raise BadRoute(f"{url!r}: port 0")
+    if parts.query or parts.fragment:
+        raise BadRoute(f"{url!r}: a replica URL has no query or fragment")
+    return url.rstrip("/")
+
+
+def checked_routes(routes: dict) -> tuple[dict[str, list[tuple[str, str]]], list[str]]:
+    """(routes without the endpoints whose URL is unusable, one problem line for each)."""
+    good: dict[str, list[tuple[str, str]]] = {}
+    problems = []
+    for model, endpoints in routes.items():
+        good[model] = []
+        for endpoint_id, url in endpoints:
+            try:
+                good[model].append((endpoint_id, check_url(url)))
+            except BadRoute as exc:
+                problems.append(f"model {model!r}, endpoint {endpoint_id!r}: {exc}")
+    return good, problems
 
 
 def static_routes(backends: list[str], routes_file: str | None) -> dict[str, list[tuple[str, str]]]:
@@ -39,10 +76,11 @@ def static_routes(backends: list[str], routes_file: str | None) -> dict[str, lis
     for flag in backends:
         model, sep, url = flag.partition("=")
         if not sep or not model or not url.startswith("http://"):
-            raise ValueError(f"--backend takes MODEL=http://HOST:PORT, got {flag!r}")
+            raise BadRoute(f"--backend takes MODEL=http://HOST:PORT, got {flag!r}")
         routes.setdefault(model, []).append((url, url.rstrip("/")))
-    for model, endpoints in routes.items():
-        routes[model] = [(endpoint_id, url.rstrip("/")) for endpoint_id, url in endpoints]
+    routes, problems = checked_routes(routes)
+    if problems:
+        raise BadRoute("bad route: " + "; ".join(problems))
     return routes
 
 
@@ -85,9 +123,13 @@ class RouteWatcher:
                 backoff = min(backoff * 2, 5.0)
 
     def apply(self, table: dict) -> None:
-        routes = {
-            model: [(e["id"], e["url"]) for e in endpoints]
-            for model, endpoints in table["routes"].items()
-        }
+        routes, problems = checked_routes(
+            {
+                model: [(e["id"], e["url"]) for e in endpoints]
+                for model, endpoints in table["routes"].items()
+            }
+        )
+        for problem in problems:
+            log.error("route version %s: endpoint left out, %s", table["version"], problem)
         self.sink.update(routes, version=table["version"])
         self.version = table["version"]

@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from router.activity import ActivityReporter
+from router.catalog import ModelCatalog
+from router.context import ProxyConfig, ProxyContext
 from router.fastpath import EndpointTable
-from router.proxy import ClientConnection, ProxyConfig, ProxyContext
+from router.front import ClientConnection
+from router.metrics import SharedMetrics
 from router.routes import RouteWatcher
 
 log = logging.getLogger("gpurouter")
@@ -34,6 +37,9 @@ class RouterSettings:
     drain_s: float = 30.0
     reuse_port: bool = False
     max_in_flight: int = 0
+    metrics_folder: str | None = None  # with several workers: where they pool their counters
+    worker: int = 0
+    catalog_every_s: float = 10.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
 
@@ -50,8 +56,16 @@ class RouterServer:
     async def serve(self) -> None:
         settings = self.settings
         loop = asyncio.get_running_loop()
+        shared = None
+        if settings.metrics_folder:
+            shared = SharedMetrics(settings.metrics_folder, settings.worker)
         ctx = ProxyContext(
-            self.table, settings.proxy, router_id=self.router_id, started=self.started
+            self.table,
+            settings.proxy,
+            router_id=self.router_id,
+            started=self.started,
+            shared_metrics=shared,
+            catalog=ModelCatalog(),
         )
         server = await loop.create_server(
             lambda: ClientConnection(ctx),
@@ -67,9 +81,12 @@ class RouterServer:
         log.info(
             "gpurouter %s listening on http://%s:%d", self.router_id, settings.host, settings.port
         )
-        session = aiohttp.ClientSession() if settings.control_plane else None
-        tasks = [asyncio.create_task(self.tick(ctx, session))]
-        if session is not None:
+        session = aiohttp.ClientSession()
+        tasks = [
+            asyncio.create_task(self.tick(ctx, session)),
+            asyncio.create_task(self.follow_catalog(ctx, session)),
+        ]
+        if settings.control_plane:
             watcher = RouteWatcher(session, settings.control_plane, self.table, settings.token)
             tasks.append(asyncio.create_task(watcher.run()))
         try:
@@ -84,8 +101,7 @@ class RouterServer:
                 conn.close()
             for pool in ctx.pools.values():
                 pool.close()
-            if session is not None:
-                await session.close()
+            await session.close()
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
 
@@ -101,7 +117,7 @@ class RouterServer:
 
     async def tick(self, ctx: ProxyContext, session) -> None:
         reporter = None
-        if session is not None:
+        if self.settings.control_plane:
             reporter = ActivityReporter(
                 session,
                 self.settings.control_plane,
@@ -116,10 +132,20 @@ class RouterServer:
             ctx.sweep()
             if loop.time() >= next_report:
                 next_report = loop.time() + self.settings.tick_s
-                ctx.drop_unused_pools()
+                ctx.on_tick()
                 if reporter is not None:
                     asyncio.create_task(reporter.report())
             await asyncio.sleep(min(1.0, self.settings.tick_s))
+
+    async def follow_catalog(self, ctx: ProxyContext, session) -> None:
+        """What the replicas serve (LoRA adapters too), for /v1/models and routing."""
+        while True:
+            try:
+                await ctx.catalog.refresh(session, self.table)
+                ctx.refresh_routed_models()
+            except Exception:  # the catalog is a convenience: never let it stop the router
+                log.exception("model catalog refresh failed")
+            await asyncio.sleep(self.settings.catalog_every_s)
 
     async def drain(self, ctx: ProxyContext) -> None:
         """Let requests in flight finish, up to the drain deadline."""

@@ -60,9 +60,18 @@ class UpstreamConnection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def send(self, listener: ResponseListener, request: bytes) -> None:
+    def send(self, listener: ResponseListener, request: bytes) -> bool:
+        """Write the request; False when the replica has already closed the connection (it
+        can between connect and send, or while the connection sat in the pool). A close
+        still on its way arrives as connection_lost, which the listener hears."""
+        if self.closed:
+            return False
+        try:
+            self.transport.write(request)
+        except RuntimeError:  # uvloop: the handle closed under us
+            return False
         self.listener = listener
-        self.transport.write(request)
+        return True
 
     def data_received(self, data: bytes) -> None:
         listener = self.listener

@@ -213,3 +213,60 @@ def test_the_kill_switch_selects_the_twin_at_import(switch, extension):
         env={**os.environ, "GPUROUTER_NO_EXTENSIONS": switch},
     ).stdout.split()
     assert out == [str(extension), "router._fastpath" if extension else "router.fastpath_py"]
+
+
+def test_exclude_skips_the_slots_already_tried(fastpath):
+    table = make(fastpath, {"m": [("a", "u"), ("b", "u"), ("c", "u")]})
+    a, b, c = (slot for slot, _, _ in table.endpoints("m"))
+    assert {table.acquire("m", exclude=(a, b)) for _ in range(3)} == {c}
+    assert table.acquire("m", exclude=(a, b, c)) == fastpath.NO_ENDPOINT
+    with pytest.raises(ValueError):
+        table.acquire("m", exclude=tuple(range(17)))
+
+
+def test_a_key_sticks_to_one_endpoint_until_its_load_is_over_the_bound(fastpath):
+    table = make(fastpath, {"m": [(f"r{i}", "u") for i in range(4)]})
+    for key in (1, 77, 2**63 + 5):
+        picks = set()
+        for _ in range(5):
+            slot = table.acquire("m", key=key)
+            picks.add(slot)
+            table.release(slot)
+        assert len(picks) == 1, "an idle model sends one key to one endpoint"
+    held = [table.acquire("m", key=42) for _ in range(8)]
+    # ceil(1.25 * (in-flight + 1) / 4) bounds every endpoint: 8 requests spread over >= 3.
+    assert max(held.count(s) for s in held) <= 3
+    assert len(set(held)) >= 3
+
+
+def test_keyed_picks_move_only_the_keys_of_a_removed_endpoint(fastpath):
+    five = {"m": [(f"r{i}", "u") for i in range(5)]}
+    table = make(fastpath, five)
+
+    def owner(key):
+        slot = table.acquire("m", key=key)
+        table.release(slot)
+        return table.endpoint_id(slot)
+
+    before = {key: owner(key) for key in range(1, 2001)}
+    table.update({"m": five["m"][:4]})
+    after = {key: owner(key) for key in range(1, 2001)}
+    moved = [k for k in before if before[k] != after[k]]
+    assert all(before[k] == "r4" for k in moved)
+    assert 300 <= sum(1 for v in before.values() if v == "r4") <= 500  # about 1/5 of the keys
+
+
+def test_release_says_when_it_ejected(fastpath):
+    table = make(fastpath, {"m": [("a", "u"), ("b", "u")]}, failures_to_eject=2)
+    a = table.endpoints("m")[0][0]
+    assert table.release(table.acquire("m", exclude=(1 - a,)), failed=True) is False
+    assert table.release(table.acquire("m", exclude=(1 - a,)), failed=True) is True
+
+
+def test_a_slot_that_never_existed_is_an_index_error(fastpath):
+    table = make(fastpath)
+    for slot in (-1, 2, 10_000):
+        with pytest.raises(IndexError):
+            table.endpoint_url(slot)
+        with pytest.raises(IndexError):
+            table.endpoint_id(slot)

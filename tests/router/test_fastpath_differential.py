@@ -18,7 +18,14 @@ routes = st.dictionaries(
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("update"), routes),
-        st.tuples(st.just("acquire"), st.sampled_from(MODELS + ["zz"])),
+        st.tuples(
+            st.just("acquire"),
+            st.tuples(
+                st.sampled_from(MODELS + ["zz"]),
+                st.one_of(st.just(0), st.integers(1, 2**64 - 1)),
+                st.lists(st.integers(0, 12), max_size=3).map(tuple),
+            ),
+        ),
         st.tuples(st.just("release"), st.tuples(st.integers(0, 40), st.booleans())),
         st.tuples(st.just("tick"), st.floats(0, 100)),
         st.tuples(st.just("snapshot"), st.none()),
@@ -44,7 +51,8 @@ def test_extension_and_twin_agree(ops):
                 table.update(arg)
                 results.append(table.version)
             elif op == "acquire":
-                slot = table.acquire(arg)
+                model, key, exclude = arg
+                slot = table.acquire(model, key, exclude)
                 if slot >= 0:
                     held[i].append(slot)
                 results.append(slot)
@@ -52,8 +60,7 @@ def test_extension_and_twin_agree(ops):
                 index, failed = arg
                 if held[i]:
                     slot = held[i].pop(index % len(held[i]))
-                    table.release(slot, failed=failed)
-                    results.append(slot)
+                    results.append((slot, table.release(slot, failed=failed)))
             elif op == "tick":
                 table._pin_clock(now + arg)
             else:

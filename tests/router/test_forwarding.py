@@ -3,15 +3,26 @@ X-Forwarded-For and X-Request-Id."""
 
 from types import SimpleNamespace
 
-from router.proxy import Exchange
+from router.exchange import Exchange
+from router.metrics import RouterMetrics
 from router.upstream import UpstreamPool
 
 
 def forwarded(header_list, body=b'{"model":"m"}', peer=b"127.0.0.9", request_id=b"rid-1"):
-    client = SimpleNamespace(ctx=SimpleNamespace(loop=SimpleNamespace(time=lambda: 0.0)), peer=peer)
+    ctx = SimpleNamespace(
+        loop=SimpleNamespace(time=lambda: 0.0), routed_models={"m"}, metrics=RouterMetrics()
+    )
+    client = SimpleNamespace(ctx=ctx, peer=peer)
     headers = dict(header_list)
     exchange = Exchange(
-        client, "m", b"POST", b"/v1/chat/completions?x=1", header_list, headers, body, request_id
+        client,
+        ("m", False),
+        b"POST",
+        b"/v1/chat/completions?x=1",
+        header_list,
+        headers,
+        body,
+        request_id,
     )
     pool = UpstreamPool("http://127.0.0.1:9000/base", connect_timeout=1)
     head, _, sent_body = exchange.request_bytes(pool).partition(b"\r\n\r\n")

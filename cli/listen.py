@@ -1,0 +1,10 @@
+"""HOST:PORT arguments, shared by every command that listens (and by gpurouter)."""
+
+import click
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)

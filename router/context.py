@@ -1,0 +1,122 @@
+"""What every client connection of one router process shares: settings, table, pools, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import os
+import time
+from dataclasses import dataclass
+
+from router.activity import activity_report
+from router.catalog import ModelCatalog
+from router.metrics import OTHER_MODEL, RouterMetrics, SharedMetrics, merge, render
+from router.upstream import UpstreamPool
+
+
+@dataclass
+class ProxyConfig:
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    connect_timeout_s: float = 5.0
+    first_byte_timeout_s: float = 600.0  # prefill of a long prompt can take minutes
+    idle_timeout_s: float = 120.0  # between two chunks of an answer
+    client_timeout_s: float = 30.0  # to send the request's headers and body
+    keepalive_timeout_s: float = 75.0
+    max_tries: int = 3
+    api_keys: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_tries <= 16:
+            raise ValueError("max_tries must be within 1..16")
+
+
+class ProxyContext:
+    def __init__(
+        self,
+        table,
+        config: ProxyConfig,
+        metrics: RouterMetrics | None = None,
+        router_id: str = "",
+        started: float = 0.0,
+        shared_metrics: SharedMetrics | None = None,
+        catalog: ModelCatalog | None = None,
+    ) -> None:
+        self.table = table
+        self.router_id = router_id
+        self.started = started or time.monotonic()
+        self.config = config
+        self.metrics = metrics or RouterMetrics()
+        self.shared_metrics = shared_metrics
+        self.catalog = catalog or ModelCatalog()
+        self.pools: dict[str, UpstreamPool] = {}
+        self.connections: set = set()
+        self.loop = asyncio.get_event_loop()
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
+        self.routed_models: frozenset[str] = frozenset()
+        self.refresh_routed_models()
+
+    def new_request_id(self) -> bytes:
+        return b"%s%d" % (self._id_prefix, next(self._ids))
+
+    def pool_for(self, url: str) -> UpstreamPool:
+        pool = self.pools.get(url)
+        if pool is None:
+            pool = self.pools[url] = UpstreamPool(url, self.config.connect_timeout_s)
+        return pool
+
+    def refresh_routed_models(self) -> None:
+        """The names metrics may carry as labels: the table's models and served adapters."""
+        self.routed_models = frozenset(self.table.models()) | self.catalog.aliases.keys()
+
+    def metric_label(self, model: str) -> str:
+        return model if model in self.routed_models else OTHER_MODEL
+
+    def on_tick(self) -> None:
+        """Once a tick: what changes slowly is refreshed here, not per request."""
+        self.refresh_routed_models()
+        self.drop_unused_pools()
+        if self.shared_metrics is not None:
+            self.shared_metrics.publish(self.metrics)
+
+    def drop_unused_pools(self) -> None:
+        live = {url for model in self.table.models() for _, _, url in self.table.endpoints(model)}
+        for url in list(self.pools):
+            if url not in live and not self.pools[url].busy():
+                self.pools.pop(url).close()
+
+    def sweep(self) -> None:
+        now = self.loop.time()
+        for conn in list(self.connections):
+            conn.check_deadlines(now)
+
+    def in_flight(self) -> int:
+        return sum(1 for conn in self.connections if conn.exchange is not None)
+
+    def authorised(self, headers: dict) -> bool:
+        if not self.config.api_keys:
+            return True
+        given = headers.get(b"authorization", b"")
+        if not given.startswith(b"Bearer "):
+            return False
+        token = given[7:].strip()
+        return any(hmac.compare_digest(token, key) for key in self.config.api_keys)
+
+    def metrics_text(self) -> bytes:
+        if self.shared_metrics is not None:
+            totals = self.shared_metrics.gather(self.metrics)
+        else:
+            totals = merge([self.metrics.state()])
+        table = self.table
+        ejected = [
+            (model, replica)
+            for model in table.models()
+            for slot, replica, _ in table.endpoints(model)
+            if table.is_ejected(slot)
+        ]
+        return render(totals, table, ejected)
+
+    def activity(self) -> dict:
+        return activity_report(self.router_id, self.started, self.table)

@@ -1,0 +1,444 @@
+"""One request on its way through a replica and back, as an explicit state machine.
+
+    PICK ──► CONNECT ──► SEND ──► RELAY ──► DONE
+     │ ▲        │ ▲       │ │
+     │ └────────┘ └───────┘ │      a failure before the answer's head: PICK again (another
+     ▼                      │      replica) or, for a pooled connection the replica had just
+    WAITING ──► PICK        │      closed, CONNECT again (the same replica, once)
+     └──────────────────────┴────► DONE from any state
+
+`MOVES` is the whole table; a move not in it raises `LifecycleError`. Every event that comes
+from outside (the upstream connection, the connect task, the deadline sweep, the client going
+away) catches whatever it raises, so that no path ends without `_finish`: the one place that
+releases the slot, counts the request and answers the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from enum import IntEnum
+
+from router.errors import REASONS, error_body, sse_error_event
+from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
+from router.forwarding import CHUNK_END, NOT_FORWARDED, NOT_RELAYED
+from router.metrics import OTHER_MODEL
+from router.upstream import UpstreamConnection, UpstreamPool
+
+log = logging.getLogger("gpurouter.exchange")
+
+
+class Stage(IntEnum):
+    PICK = 0  # choosing a replica
+    WAITING = 1  # no replica can take it now
+    CONNECT = 2  # opening a connection to the replica
+    SEND = 3  # request sent, waiting for the answer's head
+    RELAY = 4  # the answer is on its way to the client
+    DONE = 5
+
+
+PICK, WAITING, CONNECT, SEND, RELAY, DONE = Stage
+
+
+def _moves(table: dict) -> tuple[int, ...]:
+    # A bit mask per state, indexed by the state: checking a move costs no hashing of enums.
+    return tuple(sum(1 << to for to in table[stage]) for stage in Stage)
+
+
+MOVES = {
+    PICK: (WAITING, CONNECT, SEND, DONE),
+    WAITING: (PICK, DONE),
+    CONNECT: (SEND, PICK, DONE),
+    SEND: (RELAY, CONNECT, PICK, DONE),
+    RELAY: (DONE,),
+    DONE: (),
+}
+_ALLOWED = _moves(MOVES)
+
+
+class LifecycleError(RuntimeError):
+    pass
+
+
+class Exchange:
+    __slots__ = (
+        "client",
+        "ctx",
+        "model",
+        "routed_model",
+        "label",
+        "stats",
+        "ask_each_replica",
+        "method",
+        "url",
+        "header_list",
+        "headers",
+        "body",
+        "request_id",
+        "started",
+        "stage",
+        "slot",
+        "tried",
+        "upstream",
+        "pool",
+        "connecting",
+        "stale_retried",
+        "chunked",
+        "sse",
+        "status",
+        "deadline",
+        "outgoing",
+        "first_chunk_seen",
+        "last_failure",
+    )
+
+    def __init__(self, client, target, method, url, header_list, headers, body, request_id):
+        self.client = client
+        self.ctx = ctx = client.ctx
+        self.model = self.routed_model = model = target[0]
+        # Metric labels only for names the router routes: a client cannot add series.
+        self.label = label = model if model in ctx.routed_models else OTHER_MODEL
+        self.stats = ctx.metrics.model(label)
+        self.ask_each_replica = target[1]
+        self.method = method
+        self.url = url
+        self.header_list = header_list
+        self.headers = headers
+        self.body = body
+        self.request_id = request_id
+        self.started = ctx.loop.time()
+        self.stage = PICK
+        self.slot = -1
+        self.tried: tuple[int, ...] = ()
+        self.upstream: UpstreamConnection | None = None
+        self.pool: UpstreamPool | None = None
+        self.connecting: asyncio.Task | None = None
+        self.stale_retried = False
+        self.chunked = False
+        self.sse = False
+        self.status = 0
+        self.deadline = 0.0
+        self.outgoing: list[bytes] = []
+        self.first_chunk_seen = False
+        self.last_failure = ""
+
+    def _move(self, stage: Stage) -> None:
+        if not _ALLOWED[self.stage] >> stage & 1:
+            raise LifecycleError(f"exchange cannot go from {self.stage.name} to {stage.name}")
+        self.stage = stage
+
+    # Transitions started from inside.
+
+    def start(self) -> None:
+        try:
+            self._pick()
+        except Exception as exc:
+            self._broke(exc)
+
+    def _pick(self) -> None:
+        if self.stage is not PICK:  # a retry
+            self._move(PICK)
+        table = self.ctx.table
+        slot = table.acquire(self.routed_model, 0, self.tried)
+        if slot == NO_MODEL:
+            alias = self.ctx.catalog.alias_of(self.model)
+            if alias is not None:
+                self.routed_model = alias
+                slot = table.acquire(alias, 0, self.tried)
+        if slot < 0:
+            return self._no_replica(slot)
+        self.slot = slot
+        self.tried += (slot,)
+        self.pool = pool = self.ctx.pool_for(table.endpoint_url(slot))
+        conn = pool.take_idle(self.ctx.loop.time())
+        if conn is not None:
+            self._send(conn, reused=True)
+        else:
+            self._connect()
+
+    def _no_replica(self, result: int) -> None:
+        if result == NO_MODEL:
+            return self._finish(
+                404, error=(f"The model `{self.model}` does not exist.", "model_not_found")
+            )
+        if self.tried and result == NO_ENDPOINT:
+            if self.ask_each_replica:
+                return self._finish(404, error=(f"no replica of `{self.model}` knows {self.path}",))
+            why = f"no replica of `{self.model}` answered ({self.last_failure})"
+            return self._finish(502, error=(why,))
+        self._move(WAITING)
+        # Parking (wait for a replica to come) plugs in here; today the wait ends at once.
+        why = "is saturated" if result == SATURATED else "has no ready replica"
+        self._finish(
+            503,
+            error=(f"model `{self.model}` {why}; retry later",),
+            extra=b"retry-after: 1\r\n",
+        )
+
+    @property
+    def path(self) -> str:
+        return self.url.split(b"?", 1)[0].decode(errors="replace")
+
+    def _connect(self) -> None:
+        self._move(CONNECT)
+        # The task is kept: the loop holds tasks weakly, and client_gone cancels it.
+        self.connecting = self.ctx.loop.create_task(self._connecting(self.pool))
+
+    async def _connecting(self, pool: UpstreamPool) -> None:
+        try:
+            try:
+                conn = await pool.connect()
+            except (TimeoutError, OSError) as exc:
+                kind = "connect_timeout" if isinstance(exc, TimeoutError) else "connect_error"
+                return self._replica_failed(kind)
+            self.connecting = None
+            if self.stage is not CONNECT:
+                pool.put_back(conn)
+                return
+            self._send(conn, reused=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._broke(exc)
+
+    def _send(self, conn: UpstreamConnection, reused: bool) -> None:
+        self._move(SEND)
+        self.upstream = conn
+        self.deadline = self.ctx.loop.time() + self.ctx.config.first_byte_timeout_s
+        if not conn.send(self, self.request_bytes(self.pool)):
+            # The replica closed the connection before the request could go.
+            self.upstream = None
+            self._lost_before_answer(reused)
+
+    def request_bytes(self, pool: UpstreamPool) -> bytes:
+        """The request as it goes to the replica: hop-by-hop headers dropped, proxy ones added."""
+        parts = [self.method, b" ", pool.path_prefix + self.url, b" HTTP/1.1\r\nhost: "]
+        parts += (pool.host_header, b"\r\n")
+        # Headers the client's Connection header names are hop-by-hop too.
+        connection = self.headers.get(b"connection")
+        named = {t.strip().lower() for t in connection.split(b",")} if connection else ()
+        for name, value in self.header_list:
+            if name not in NOT_FORWARDED and name not in named:
+                parts += (name, b": ", value, b"\r\n")
+        forwarded = self.headers.get(b"x-forwarded-for")
+        peer = self.client.peer
+        parts += (
+            b"x-forwarded-for: ",
+            forwarded + b", " + peer if forwarded else peer,
+            b"\r\nx-request-id: ",
+            self.request_id,
+            b"\r\ncontent-length: %d\r\n\r\n" % len(self.body),
+            self.body,
+        )
+        return b"".join(parts)
+
+    def _lost_before_answer(self, reused: bool) -> None:
+        if reused and not self.stale_retried:
+            # A pooled connection the replica had just closed (engines close idle keep-alive
+            # connections): not the replica's fault. Once, the same replica on a new one.
+            self.stale_retried = True
+            self.ctx.metrics.upstream_error(self.label, "stale_connection")
+            return self._connect()
+        self._replica_failed("reset")
+
+    def _replica_failed(self, kind: str) -> None:
+        """Nothing reached the client yet: count the failure and try another replica."""
+        self.connecting = None
+        self.last_failure = kind
+        self.ctx.metrics.upstream_error(self.label, kind)
+        self._release(failed=True)
+        if len(self.tried) < self.ctx.config.max_tries:
+            self.ctx.metrics.retries += 1
+            return self._pick()
+        self._finish(502, error=(f"no replica of `{self.model}` answered ({kind})",))
+
+    def _release(self, failed: bool) -> None:
+        slot, self.slot = self.slot, -1
+        if slot < 0:
+            return
+        if self.ctx.table.release(slot, failed):
+            replica = self.ctx.table.endpoint_id(slot) or "?"
+            self.ctx.metrics.ejected(self.label, replica)
+            log.warning(
+                "replica %s of model %s ejected after consecutive failures (last: %s)",
+                replica,
+                self.label,
+                self.last_failure or f"HTTP {self.status}",
+            )
+
+    def _end_broken_answer(self, message: str) -> None:
+        if self.sse and self.chunked:
+            event = sse_error_event(message)
+            self.outgoing.append(b"%x\r\n%s\r\n%s" % (len(event), event, CHUNK_END))
+        else:
+            # A body cannot carry an error now: the client learns from the cut connection.
+            self.client.keep_alive = False
+        self.flush()
+        self._finish(self.status, failed=True)
+
+    def _finish(self, status: int, failed: bool = False, error: tuple = (), extra=b"") -> None:
+        """The end of every path: release, count, answer the client. Runs once."""
+        if self.stage is DONE:
+            return
+        self._move(DONE)
+        self.status = status
+        if self.connecting is not None:
+            self.connecting.cancel()
+            self.connecting = None
+        if self.upstream is not None:
+            upstream, self.upstream = self.upstream, None
+            upstream.detach()
+        if self.slot >= 0:
+            self._release(failed)
+        self.ctx.metrics.in_flight -= 1
+        stats = self.stats
+        stats.finished(status)
+        if self.tried:
+            stats.answered_by_replica(status, self.ctx.loop.time() - self.started)
+        client = self.client
+        if client.closed:
+            client.exchange = None
+            return
+        if error:
+            message, code = error if len(error) == 2 else (error[0], None)
+            client.respond(status, error_body(status, message, code), self.request_id, extra)
+        else:
+            client.request_done()
+
+    def _broke(self, exc: BaseException) -> None:
+        """A bug on some path: log it, and still end the exchange properly."""
+        log.error(
+            "exchange %s failed in %s", self.request_id.decode(), self.stage.name, exc_info=exc
+        )
+        try:
+            if self.stage is RELAY:
+                self._end_broken_answer("the router failed while relaying the answer")
+            elif self.stage is not DONE:
+                self._finish(502, error=("the router failed to relay this request",))
+            else:
+                self.client.close()
+        except Exception:
+            log.exception("exchange %s could not be finished", self.request_id.decode())
+            self.client.close()
+
+    # Events from outside: each catches what it raises.
+
+    def flush(self) -> None:
+        """What one read from the replica produced goes to the client in one write."""
+        if self.outgoing:
+            if not self.client.closed:
+                self.client.transport.write(b"".join(self.outgoing))
+            self.outgoing.clear()
+
+    def upstream_headers(self, status: int, reason: bytes, headers: list) -> None:
+        try:
+            if self.stage is not SEND:
+                return
+            if status == 404 and self.ask_each_replica and self._untried_replicas():
+                # State kept on one replica (a stored response): ask the next one.
+                upstream, self.upstream = self.upstream, None
+                upstream.detach()
+                self._release(failed=False)
+                return self._pick()
+            self._move(RELAY)
+            self.status = status
+            self.deadline = self.ctx.loop.time() + self.ctx.config.idle_timeout_s
+            has_length = False
+            out = [b"HTTP/1.1 %d " % status, reason or REASONS.get(status, b""), b"\r\n"]
+            for name, value in headers:
+                lower = name.lower()
+                if lower == b"content-length":
+                    has_length = True
+                    out += (b"content-length: ", value, b"\r\n")
+                elif lower not in NOT_RELAYED:
+                    if lower == b"content-type" and value.startswith(b"text/event-stream"):
+                        self.sse = True
+                    out += (name, b": ", value, b"\r\n")
+            self.chunked = not has_length
+            if self.chunked:
+                out.append(b"transfer-encoding: chunked\r\n")
+            if not self.client.keep_alive:
+                out.append(b"connection: close\r\n")
+            out += (b"x-request-id: ", self.request_id, b"\r\n\r\n")
+            self.outgoing.append(b"".join(out))
+        except Exception as exc:
+            self._broke(exc)
+
+    def _untried_replicas(self) -> bool:
+        return len(self.ctx.table.endpoints(self.routed_model)) > len(self.tried)
+
+    def upstream_body(self, data: bytes) -> None:
+        try:
+            if self.stage is not RELAY:
+                return
+            now = self.ctx.loop.time()
+            if not self.first_chunk_seen:
+                self.first_chunk_seen = True
+                self.stats.first_token.observe(now - self.started)
+            self.deadline = now + self.ctx.config.idle_timeout_s
+            if self.chunked:
+                self.outgoing.append(b"%x\r\n%s\r\n" % (len(data), data))
+            else:
+                self.outgoing.append(data)
+        except Exception as exc:
+            self._broke(exc)
+
+    def upstream_complete(self, reusable: bool) -> None:
+        try:
+            self.upstream = None
+            if self.stage is not RELAY:
+                return
+            if self.chunked:
+                self.outgoing.append(CHUNK_END)
+            self.flush()
+            status = self.status
+            # 5xx is the replica's failure, except 501: the client asked for what it does not
+            # serve (an endpoint the engine was not started with).
+            self._finish(status, failed=status >= 500 and status != 501)
+        except Exception as exc:
+            self._broke(exc)
+
+    def upstream_lost(self, reason: str, reused: bool) -> None:
+        try:
+            self.upstream = None
+            if self.stage is SEND:
+                self._lost_before_answer(reused)
+            elif self.stage is RELAY:
+                self.ctx.metrics.upstream_error(self.label, "lost_mid_answer")
+                self._end_broken_answer(f"the replica closed the connection mid-answer ({reason})")
+        except Exception as exc:
+            self._broke(exc)
+
+    def check_deadline(self, now: float) -> None:
+        try:
+            if self.stage not in (SEND, RELAY) or now < self.deadline:
+                return
+            upstream, self.upstream = self.upstream, None
+            if upstream is not None:
+                upstream.detach()
+            self.last_failure = "timeout"
+            self.ctx.metrics.upstream_error(self.label, "timeout")
+            if self.stage is RELAY:
+                self._end_broken_answer("the replica stopped sending")
+            else:
+                self._finish(
+                    504,
+                    failed=True,
+                    error=(f"the replica of `{self.model}` did not answer in time",),
+                )
+        except Exception as exc:
+            self._broke(exc)
+
+    def client_gone(self) -> None:
+        try:
+            self._finish(499)
+        except Exception as exc:
+            self._broke(exc)
+
+    def pause_upstream(self) -> None:
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_upstream(self) -> None:
+        if self.upstream is not None:
+            self.upstream.resume_reading()

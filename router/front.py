@@ -1,0 +1,261 @@
+"""The HTTP front of gpurouter: parse requests with httptools, enforce limits and API keys,
+answer the router's own endpoints, and hand each inference request to an `Exchange`.
+
+Each `ClientConnection` answers its requests one at a time (pipelined ones wait their turn).
+Deadlines are checked by one sweep a second for all connections (`ProxyContext.sweep`), so
+the per-request path sets no timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+
+import httptools
+import orjson
+
+from router.context import ProxyContext
+from router.errors import REASONS, error_body
+from router.exchange import Exchange
+from router.target import Refusal, target_of
+
+JSON = b"application/json"
+PROMETHEUS_TEXT = b"text/plain; version=0.0.4"
+MAX_PIPELINED = 8
+
+
+class RequestRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, ctx: ProxyContext) -> None:
+        self.ctx = ctx
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.peer = b""
+        self.pending: deque = deque()
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self.reading_since = 0.0
+        self.idle_since = ctx.loop.time()
+        self.keep_alive = True
+        self.max_header_bytes = ctx.config.max_header_bytes  # read per header: kept at hand
+        self.max_body_bytes = ctx.config.max_body_bytes
+        self._reset_request()
+
+    def _reset_request(self) -> None:
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.header_list: list = []
+        self.header_bytes = 0
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+
+    # asyncio callbacks
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0].encode() if peer else b""
+        self.ctx.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except RequestRefused as refusal:
+            self.refuse_and_close(refusal.status, str(refusal))
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, RequestRefused):
+                self.refuse_and_close(cause.status, str(cause))
+            else:
+                self.refuse_and_close(400, "malformed HTTP request")
+        except httptools.HttpParserUpgrade:
+            self.refuse_and_close(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self.refuse_and_close(400, f"malformed HTTP request: {exc}")
+        else:
+            # Requests are answered once the parser is done with this read, never from
+            # inside its callbacks.
+            if self.exchange is None and self.pending:
+                self.next_request()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.ctx.connections.discard(self)
+        if self.exchange is not None:
+            self.exchange.client_gone()
+
+    def pause_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.pause_upstream()
+
+    def resume_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.resume_upstream()
+
+    # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self._reset_request()
+        self.reading_since = self.ctx.loop.time()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.header_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > self.max_header_bytes:
+            raise RequestRefused(431, "request headers are too large")
+        name = name.lower()
+        self.header_list.append((name, value))
+        self.headers[name] = value
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            raise RequestRefused(413, "request body is too large")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.max_body_bytes:
+            raise RequestRefused(413, "request body is too large")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.reading_since = 0.0
+        request = (
+            self.parser.get_method(),
+            self.url,
+            self.headers,
+            self.header_list,
+            b"".join(self.body),
+            self.parser.should_keep_alive(),
+        )
+        self.pending.append(request)
+        if len(self.pending) > MAX_PIPELINED:
+            self.transport.pause_reading()
+
+    # answering
+
+    def next_request(self) -> None:
+        if self.closed or self.exchange is not None or not self.pending:
+            return
+        method, url, headers, header_list, body, keep_alive = self.pending.popleft()
+        self.keep_alive = keep_alive
+        request_id = headers.get(b"x-request-id") or self.ctx.new_request_id()
+        path = url.split(b"?", 1)[0]
+        if path.startswith(b"/v1/"):
+            if not self.ctx.authorised(headers):
+                return self.respond_error(
+                    401, "invalid or missing API key", request_id, code="invalid_api_key"
+                )
+            if path.startswith(b"/v1/models") and method == b"GET":
+                return self.list_models(path, request_id)
+            try:
+                target = target_of(method, url, headers, body)
+            except Refusal as refusal:
+                return self.respond_error(
+                    refusal.status, str(refusal), request_id, refusal.code, refusal.param
+                )
+            self.exchange = exchange = Exchange(
+                self, target, method, url, header_list, headers, body, request_id
+            )
+            self.ctx.metrics.in_flight += 1
+            return exchange.start()
+        self.serve_own_endpoint(path, headers, request_id)
+
+    def serve_own_endpoint(self, path: bytes, headers: dict, request_id: bytes) -> None:
+        if path == b"/healthz":
+            return self.respond(200, b'{"status":"ok"}', request_id)
+        if path == b"/metrics":
+            text = self.ctx.metrics_text()
+            return self.respond(200, text, request_id, content_type=PROMETHEUS_TEXT)
+        if path == b"/activity":
+            if not self.ctx.authorised(headers):
+                return self.respond_error(
+                    401, "invalid or missing API key", request_id, code="invalid_api_key"
+                )
+            return self.respond(200, orjson.dumps(self.ctx.activity()), request_id)
+        self.respond_error(404, f"no route for {path.decode(errors='replace')}", request_id)
+
+    def list_models(self, path: bytes, request_id: bytes) -> None:
+        cards = self.ctx.catalog.cards(self.ctx.table.models())
+        if path.rstrip(b"/") == b"/v1/models":
+            return self.respond(200, orjson.dumps({"object": "list", "data": cards}), request_id)
+        wanted = path[len(b"/v1/models/") :].decode(errors="replace")
+        for card in cards:
+            if card["id"] == wanted:
+                return self.respond(200, orjson.dumps(card), request_id)
+        self.respond_error(
+            404, f"The model `{wanted}` does not exist.", request_id, code="model_not_found"
+        )
+
+    def respond_error(self, status, message, request_id, code=None, param=None) -> None:
+        self.respond(status, error_body(status, message, code, param), request_id)
+
+    def respond(
+        self,
+        status: int,
+        body: bytes,
+        request_id: bytes = b"",
+        extra: bytes = b"",
+        content_type: bytes = JSON,
+    ) -> None:
+        if self.closed:
+            return
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
+            status,
+            REASONS.get(status, b"Unknown"),
+            content_type,
+            len(body),
+        )
+        if request_id:
+            head += b"x-request-id: " + request_id + b"\r\n"
+        if not self.keep_alive:
+            head += b"connection: close\r\n"
+        self.transport.write(head + extra + b"\r\n" + body)
+        self.request_done()
+
+    def request_done(self) -> None:
+        self.exchange = None
+        self.idle_since = self.ctx.loop.time()
+        if not self.keep_alive:
+            self.close()
+            return
+        if self.pending:
+            self.transport.resume_reading()
+            self.next_request()
+
+    def refuse_and_close(self, status: int, message: str) -> None:
+        if self.closed:
+            return
+        self.keep_alive = False
+        self.pending.clear()
+        if self.exchange is None:
+            self.respond_error(status, message, b"")
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def check_deadlines(self, now: float) -> None:
+        config = self.ctx.config
+        if self.exchange is not None:
+            self.exchange.check_deadline(now)
+        elif self.reading_since and now - self.reading_since > config.client_timeout_s:
+            self.keep_alive = False
+            self.respond_error(408, "the request was not received in time", b"")
+        elif not self.pending and now - self.idle_since > config.keepalive_timeout_s:
+            self.close()

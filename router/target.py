@@ -1,0 +1,86 @@
+"""Which model a request is for: the front's routing decision, as a pure function.
+
+- A JSON body names it in `model` (chat, completions, embeddings, responses...).
+- A `multipart/form-data` body names it in its `model` field (audio transcription).
+- A request without a body (`GET`/`DELETE /v1/responses/{id}`, ...) names it with a `model`
+  query parameter or an `X-Gpufleet-Model` header; such a request is for state kept on one
+  replica, so the router asks the replicas of the model in turn until one knows the id.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs
+
+import orjson
+
+MODEL_HEADER = b"x-gpufleet-model"
+BODYLESS_METHODS = (b"GET", b"DELETE")
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code=None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
+def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[str, bool]:
+    """(model, ask_each_replica): whether the request is for state held by one replica, where
+    a 404 means "ask the next one". Refusal when the request names no model."""
+    if method == b"POST":
+        content_type = headers.get(b"content-type")
+        if content_type is not None and content_type[:19].lower() == b"multipart/form-data":
+            return _model_form_field(content_type, headers, body), False
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise Refusal(400, "the body is not valid JSON") from None
+        model = payload.get("model") if type(payload) is dict else None
+        if type(model) is not str or not model:
+            raise Refusal(400, "the body has no `model`", param="model")
+        return model, False
+    if method in BODYLESS_METHODS and not body:
+        path, _, query = url.partition(b"?")
+        return _named_outside_the_body(method, path, query, headers), True
+    raise Refusal(405, f"{method.decode(errors='replace')} is not served on this path")
+
+
+def _named_outside_the_body(method: bytes, path: bytes, query: bytes, headers: dict) -> str:
+    named = headers.get(MODEL_HEADER, b"").decode(errors="replace")
+    if not named and query:
+        values = parse_qs(query.decode(errors="replace")).get("model")
+        named = values[0] if values else ""
+    if not named:
+        raise Refusal(
+            400,
+            f"{method.decode()} {path.decode(errors='replace')} names no model: add"
+            " `?model=NAME` or an `X-Gpufleet-Model: NAME` header",
+            param="model",
+        )
+    return named
+
+
+def _model_form_field(content_type: bytes, headers: dict, body: bytes) -> str:
+    boundary = b""
+    for parameter in headers[b"content-type"].split(b";")[1:]:
+        name, _, value = parameter.strip().partition(b"=")
+        if name.lower() == b"boundary":
+            boundary = value.strip(b'"')
+    if not boundary:
+        raise Refusal(400, "a multipart/form-data body needs a boundary")
+    for part in body.split(b"--" + boundary):
+        head, sep, value = part.partition(b"\r\n\r\n")
+        if not sep:
+            continue
+        disposition = next(
+            (
+                line
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-disposition:")
+            ),
+            b"",
+        )
+        if b'name="model"' in (p.strip() for p in disposition.split(b";")):
+            model = value.removesuffix(b"\r\n").decode(errors="replace").strip()
+            if model:
+                return model
+    raise Refusal(400, "the form has no `model` field", param="model")
