@@ -67,6 +67,9 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
 
     out.append(f"MODELS    {counts(s['models'])}")
     out.append(f"REPLICAS  {counts(s['replicas'])}")
+    if "routers" in s:
+        r = s["routers"]
+        out.append(f"ROUTERS   {r['live'] + r['silent']} ({r['live']} live, {r['silent']} silent)")
     problems = [
         (
             "NOT READY NODES",
@@ -132,12 +135,28 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
         )
         if len(idle["replicas"]) > MAX_LINES:
             out.append(f"  … and {len(idle['replicas']) - MAX_LINES} more (gpuctl replicas)")
+    routers = s.get("routers", {})
     if idle["unknown"]:
+        silent_part = (
+            f", {routers['unknown_replicas']} of them held by a silent router"
+            if routers.get("unknown_replicas")
+            else ""
+        )
         out.append(
             paint(
-                f"  {idle['unknown']} replica(s) of unknown use, not counted: no live router "
-                "reports them",
+                f"  {idle['unknown']} replica(s) of unknown use, never counted as idle"
+                + silent_part,
                 "dim",
+                colour,
+            )
+        )
+    if routers.get("silent"):
+        out.append(
+            paint(
+                f"SILENT ROUTERS  {routers['silent']} (stopped reporting, may still be serving): "
+                f"{routers['unknown_replicas']} replica(s) unknown because of them"
+                " (gpuctl routers; gpuctl routers forget ID once one is really gone)",
+                "yellow",
                 colour,
             )
         )
@@ -151,18 +170,20 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
 @click.option(
     "--idle-after",
-    default="30m",
-    show_default=True,
-    help="List replicas unused for longer than this (e.g. 90s, 30m, 2h).",
+    default=None,
+    help="List replicas unused for longer than this (e.g. 90s, 30m, 2h); default: each"
+    " model's idle_after.",
 )
 @pass_context
-def status(ctx: Context, output: str, as_json: bool, idle_after: str):
+def status(ctx: Context, output: str, as_json: bool, idle_after: str | None):
     """How full the fleet is, what is broken, what cannot be placed, what nobody uses."""
-    try:
-        seconds = parse_duration(idle_after, "idle-after")
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--idle-after") from None
-    answer = ctx.get(f"/v1/summary?idle_after={seconds}")
+    query = ""
+    if idle_after is not None:
+        try:
+            query = f"?idle_after={parse_duration(idle_after, 'idle-after')}"
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--idle-after") from None
+    answer = ctx.get("/v1/summary" + query)
     if output == "json" or as_json:
         echo_json(answer)
     else:

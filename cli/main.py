@@ -4,6 +4,7 @@ import click
 
 from cli.cmd_agent import agent
 from cli.cmd_apply import apply, cordon, delete, drain, scale, uncordon
+from cli.cmd_routers import routers
 from cli.cmd_server import server
 from cli.cmd_sim import sim
 from cli.cmd_sim_engine import sim_engine
@@ -32,6 +33,7 @@ for command in (
     nodes,
     replicas,
     models,
+    routers,
     apply,
     delete,
     scale,

@@ -11,7 +11,7 @@ from controlplane.fleet import BadRequest, Conflict, Fleet, NotFound
 from controlplane.idle import ReportError
 from controlplane.model import Schedulable, SpecError, parse_duration
 from controlplane.reconciler import Reconciler
-from controlplane.summary import model_rows, node_rows, replica_rows, summary
+from controlplane.summary import ROUTER_STATES, model_rows, node_rows, replica_rows, summary
 
 FLEET_KEY = web.AppKey("fleet", Fleet)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
@@ -95,6 +95,22 @@ async def get_routes(request: web.Request) -> web.Response:
         ) from None
     table = request.app[RECONCILER_KEY].routes
     return json_response(await table.wait_for_change(after, wait))
+
+
+async def list_routers(request: web.Request) -> web.Response:
+    return json_response(items("RouterList", request.app[FLEET_KEY].idle.router_rows()))
+
+
+async def forget_router(request: web.Request) -> web.Response:
+    require(request, "admin")
+    router_id = request.match_info["id"]
+    fleet = request.app[FLEET_KEY]
+    try:
+        router = fleet.idle.forget_router(router_id)
+    except KeyError:
+        raise ApiError(404, f"no router {router_id!r}", "not_found") from None
+    fleet.flush_activity()
+    return json_response({"id": router.id, "result": "forgotten"})
 
 
 async def post_activity(request: web.Request) -> web.Response:
@@ -228,7 +244,6 @@ async def healthz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     snap = summary(snapshot(request))
     stats = request.app[STATS_KEY]
-    fleet = request.app[FLEET_KEY]
     lines = ["# HELP gpufleet_gpus GPUs by class and state.", "# TYPE gpufleet_gpus gauge"]
     for gpu_class, counts in snap["capacity"].items():
         for state in ("used", "free", "unavailable", "unhealthy"):
@@ -245,9 +260,13 @@ async def metrics(request: web.Request) -> web.Response:
         "# HELP gpufleet_nodes_not_ready Nodes whose heartbeats stopped.",
         "# TYPE gpufleet_nodes_not_ready gauge",
         f"gpufleet_nodes_not_ready {snap['nodes']['not_ready']}",
-        "# HELP gpufleet_routers_live Routers that reported within the live window.",
-        "# TYPE gpufleet_routers_live gauge",
-        f"gpufleet_routers_live {len(fleet.idle.live_routers())}",
+        "# HELP gpufleet_routers Routers by state (silent: stopped reporting, may still serve).",
+        "# TYPE gpufleet_routers gauge",
+        *(f'gpufleet_routers{{state="{k}"}} {snap["routers"][k]}' for k in ROUTER_STATES),
+        "# HELP gpufleet_unknown_replicas_by_silence Replicas of unknown use: a silent router"
+        " has them in its table.",
+        "# TYPE gpufleet_unknown_replicas_by_silence gauge",
+        f"gpufleet_unknown_replicas_by_silence {snap['routers']['unknown_replicas']}",
         "# HELP gpufleet_idle_gpus GPUs held by replicas idle past their threshold.",
         "# TYPE gpufleet_idle_gpus gauge",
         f"gpufleet_idle_gpus {snap['idle']['gpus_held']}",
@@ -278,6 +297,8 @@ def build_app(
     r.add_get("/metrics", metrics)
     r.add_get("/v1/routes", get_routes)
     r.add_post("/v1/activity", post_activity)
+    r.add_get("/v1/routers", list_routers)
+    r.add_delete("/v1/routers/{id}", forget_router)
     r.add_post("/v1/nodes", register_node)
     r.add_get("/v1/nodes", list_nodes)
     r.add_get("/v1/nodes/{name}", get_node)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from controlplane.idle import IdleState, IdleTracker
+from controlplane.idle import IdleState, IdleTracker, Router
 from controlplane.model import (
     GPU,
     HOLDING,
@@ -51,6 +51,8 @@ class FleetSnapshot:
     idle: dict[str, tuple[float, IdleState]]
     now: float  # wall clock
     route_version: int = 0
+    routers: list[dict] = field(default_factory=list)
+    unknown_by_silence: set[str] = field(default_factory=set)  # replicas a silent router has
 
 
 REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopping", "Stopped"}
@@ -69,7 +71,8 @@ class Fleet:
         self.nodes: dict[str, Node] = nodes
         self.replicas: dict[str, Replica] = replicas
         self.reasons: dict[str, str] = {}
-        self.idle.load(last_used)
+        routers, gaps = store.load_routers()
+        self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
         started = clock()
         for node in self.nodes.values():
             # A restarted control plane gives every node one timeout to be heard from again.
@@ -290,6 +293,15 @@ class Fleet:
         self.idle.forget_replica(replica_id)
         self.changed = True
 
+    def flush_activity(self) -> None:
+        """Write what routers reported since the last flush (once a tick, not per report)."""
+        dirty = self.idle.take_dirty()
+        if dirty:
+            self.store.put_last_used(dirty)
+        routers, removed, gaps = self.idle.take_dirty_routers()
+        if routers or removed or gaps:
+            self.store.put_routers([r.to_dict() for r in routers], removed, gaps)
+
     def held_gpus(self) -> set[tuple[str, int]]:
         return {
             (piece.node, index)
@@ -309,6 +321,8 @@ class Fleet:
             specs=[ModelSpec(**s.to_dict()) for s in self.specs.values()],
             reasons=dict(self.reasons),
             idle=self.idle.idle_map([r.id for r in replicas]),
+            routers=self.idle.router_rows(),
+            unknown_by_silence=self.idle.unknown_because_silent([r.id for r in replicas]),
             now=self.wall(),
             route_version=route_version,
         )

@@ -1,16 +1,30 @@
 """Idle tracking: the ActivitySink that routers report to, and `idle_for(replica)`.
 
-Unknown is never zero. A replica is `exact` once some router saw it used (newest use wins,
-persisted); `at_least` S seconds when every live router that routes to it has watched it for S
-seconds without a use; `unknown` when no live router reports it. Router seconds are measured
-on the router's clock and turned into times with this process's receive time, so no two
-machines' clocks are ever compared.
+Unknown is never zero, and never idle. Routers have a stable identity and an incarnation (one
+per process start). To this tracker a router is:
+
+- live: it reported within the lease (`live_window_s`);
+- gone: it said goodbye (a final report on a clean shutdown), or a newer incarnation of the
+  same identity reported;
+- silent: neither. It may be cut off and still serving from its last table, so every replica
+  in that table is `unknown` until it reports again, is superseded, or an operator forgets it.
+  Nothing turns silent into gone by itself.
+
+A replica is `exact` when the newest use any router reported is the newest use there can have
+been; `at_least S` when S is a lower bound: the time since the last moment at which any router
+might have used it. A router's watch of a replica runs from when it began routing to it; an
+incarnation that said goodbye hands its watch on to its successor (no gap: it routed nothing
+in between), one that died leaves a gap from its last report to its successor's start, and a
+use may hide there, so nothing is counted across it.
+
+Router seconds are turned into times with this process's clock on receipt: no two machines'
+clocks are ever compared.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -20,15 +34,65 @@ class IdleState(StrEnum):
     UNKNOWN = "unknown"
 
 
+class RouterState(StrEnum):
+    LIVE = "live"
+    SILENT = "silent"
+    GONE = "gone"
+
+
 UNKNOWN_SECONDS = -1.0
 
 
 @dataclass
-class RouterReport:
-    router: str
-    received_at: float  # this process's wall clock
+class Router:
+    """What the tracker knows of one router identity (its newest incarnation)."""
+
+    id: str
+    incarnation: str
+    received_at: float  # this process's wall clock, at the last report
     uptime_s: float
+    started_at: float  # received_at - uptime_s: when the incarnation began
+    watch_origin: dict[str, float]  # replica -> since when this identity watched it, no gap
+    goodbye: bool = False
+    route_version: int = -1
+    in_flight: int = 0
+
+    def state(self, now: float, live_window_s: float) -> RouterState:
+        if self.goodbye:
+            return RouterState.GONE
+        if now - self.received_at <= live_window_s:
+            return RouterState.LIVE
+        return RouterState.SILENT
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "incarnation": self.incarnation,
+            "received_at": self.received_at,
+            "uptime_s": self.uptime_s,
+            "started_at": self.started_at,
+            "watch_origin": self.watch_origin,
+            "goodbye": self.goodbye,
+            "route_version": self.route_version,
+            "in_flight": self.in_flight,
+        }
+
+    @classmethod
+    def from_dict(cls, body: dict) -> Router:
+        return cls(**body)
+
+
+@dataclass
+class Report:
+    router: str
+    incarnation: str
+    uptime_s: float
+    used: dict[str, float]
     watched: dict[str, float]
+    goodbye: bool = False
+    route_version: int = -1
+    in_flight: int = 0
+    extra: dict = field(default_factory=dict)
 
 
 class ReportError(ValueError):
@@ -37,17 +101,38 @@ class ReportError(ValueError):
         self.field = field_name
 
 
-def parse_report(body) -> tuple[str, float, dict[str, float], dict[str, float]]:
+def parse_report(body) -> Report:
     """Validate an activity report; ReportError names the bad field."""
     if not isinstance(body, dict):
         raise ReportError("report", "expected a JSON object")
     router = body.get("router")
     if not isinstance(router, str) or not router:
         raise ReportError("router", "required, a non-empty string")
+    incarnation = body.get("incarnation", "")
+    if not isinstance(incarnation, str):
+        raise ReportError("incarnation", "a string")
     uptime = body.get("uptime_s")
     if isinstance(uptime, bool) or not isinstance(uptime, int | float) or uptime < 0:
         raise ReportError("uptime_s", "required, a non-negative number")
-    return router, float(uptime), _seconds_map(body, "used"), _seconds_map(body, "watched")
+    goodbye = body.get("goodbye", False)
+    if not isinstance(goodbye, bool):
+        raise ReportError("goodbye", "true or false")
+    version = body.get("route_version", -1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ReportError("route_version", "an integer")
+    in_flight = body.get("in_flight", 0)
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 0:
+        raise ReportError("in_flight", "a non-negative integer")
+    return Report(
+        router,
+        incarnation,
+        float(uptime),
+        _seconds_map(body, "used"),
+        _seconds_map(body, "watched"),
+        goodbye,
+        version,
+        in_flight,
+    )
 
 
 def _seconds_map(body: dict, name: str) -> dict[str, float]:
@@ -72,54 +157,184 @@ class IdleTracker:
     def __init__(self, live_window_s: float = 10.0, clock=time.time) -> None:
         self.live_window_s = live_window_s
         self.clock = clock
-        self.routers: dict[str, RouterReport] = {}
+        self.routers: dict[str, Router] = {}
         self.last_used_at: dict[str, float] = {}
-        self.dirty: dict[str, float] = {}  # changed since the last flush to the store
+        # replica -> the end of the newest gap in which a router that died may have used it
+        self.unseen_until: dict[str, float] = {}
+        self.dirty: dict[str, float] = {}  # uses changed since the last flush to the store
+        self.dirty_routers: set[str] = set()  # routers changed since the last flush
+        self.dirty_gaps: dict[str, float] = {}
 
-    def load(self, last_used_at: dict[str, float]) -> None:
+    def load(self, last_used_at: dict[str, float], routers=(), gaps=None) -> None:
         self.last_used_at.update(last_used_at)
+        for router in routers:
+            self.routers[router.id] = router
+        self.unseen_until.update(gaps or {})
 
-    def report(self, body) -> None:
+    def report(self, body) -> Report:
         """ActivitySink: take one router's report (raises ReportError when malformed)."""
-        router, uptime, used, watched = parse_report(body)
+        report = parse_report(body)
         now = self.clock()
-        for replica, seconds in used.items():
+        for replica, seconds in report.used.items():
             at = now - seconds
             if at > self.last_used_at.get(replica, float("-inf")):
                 self.last_used_at[replica] = at
                 self.dirty[replica] = at
-        self.routers[router] = RouterReport(router, now, uptime, watched)
+        started = now - report.uptime_s
+        known = self.routers.get(report.router)
+        if known is None or known.incarnation != report.incarnation:
+            self.routers[report.router] = self._successor(known, report, now, started)
+            self.dirty_routers.add(report.router)
+        else:
+            if known.watch_origin.keys() != report.watched.keys():
+                # Its table changed: replicas it keeps keep their origin, new ones start now.
+                self.dirty_routers.add(report.router)
+                known.watch_origin = {
+                    replica: known.watch_origin.get(replica, now - seconds)
+                    for replica, seconds in report.watched.items()
+                }
+            known.received_at = now
+            known.uptime_s = report.uptime_s
+            if report.goodbye and not known.goodbye:
+                self.dirty_routers.add(report.router)
+                # Sticky: a tick's report that arrives after the goodbye changes nothing.
+                known.goodbye = True
+        router = self.routers[report.router]
+        router.route_version = report.route_version
+        router.in_flight = report.in_flight
+        return report
 
-    def live_routers(self) -> list[RouterReport]:
-        now = self.clock()
-        return [r for r in self.routers.values() if now - r.received_at <= self.live_window_s]
+    def _successor(self, before: Router | None, report: Report, now: float, started: float):
+        inherited: dict[str, float] = {}
+        if before is not None:
+            if before.goodbye:
+                # A clean handover: nothing was routed between goodbye and this start.
+                inherited = before.watch_origin
+            else:
+                # It died without a word after its last report: a use may hide before this
+                # incarnation's start, in any replica its table held.
+                for replica in before.watch_origin:
+                    if started > self.unseen_until.get(replica, float("-inf")):
+                        self.unseen_until[replica] = started
+                        self.dirty_gaps[replica] = started
+        origins = {
+            replica: inherited.get(replica, now - seconds)
+            for replica, seconds in report.watched.items()
+        }
+        return Router(
+            report.router,
+            report.incarnation,
+            now,
+            report.uptime_s,
+            started,
+            origins,
+            report.goodbye,
+        )
 
-    def forget_stale_routers(self, older_than_s: float = 3600.0) -> None:
+    def forget_router(self, router_id: str) -> Router:
+        """An operator says the router is really gone. A use it made and never reported may
+        have happened up to now: its replicas' bounds start again from now."""
+        router = self.routers.pop(router_id)
         now = self.clock()
-        for name in [n for n, r in self.routers.items() if now - r.received_at > older_than_s]:
-            del self.routers[name]
+        if not router.goodbye:
+            for replica in router.watch_origin:
+                self.unseen_until[replica] = now
+                self.dirty_gaps[replica] = now
+        self.dirty_routers.add(router_id)
+        return router
+
+    def states(self) -> dict[str, RouterState]:
+        now = self.clock()
+        return {rid: r.state(now, self.live_window_s) for rid, r in self.routers.items()}
+
+    def live_routers(self) -> list[Router]:
+        now = self.clock()
+        return [
+            r for r in self.routers.values() if r.state(now, self.live_window_s) is RouterState.LIVE
+        ]
+
+    def silent_routers(self) -> list[Router]:
+        now = self.clock()
+        return [
+            r
+            for r in self.routers.values()
+            if r.state(now, self.live_window_s) is RouterState.SILENT
+        ]
+
+    def forget_gone(self, older_than_s: float = 3600.0) -> None:
+        """Routers that said goodbye long ago: kept only so that a successor inherits their
+        watch; a successor that comes later simply starts its own (a shorter bound)."""
+        now = self.clock()
+        for rid in [
+            rid
+            for rid, r in self.routers.items()
+            if r.goodbye and now - r.received_at > older_than_s
+        ]:
+            del self.routers[rid]
+            self.dirty_routers.add(rid)
+
+    def router_rows(self) -> list[dict]:
+        now = self.clock()
+        rows = []
+        for router in sorted(self.routers.values(), key=lambda r: r.id):
+            state = router.state(now, self.live_window_s)
+            rows.append(
+                {
+                    "id": router.id,
+                    "incarnation": router.incarnation,
+                    "state": str(state),
+                    "last_report_s": round(now - router.received_at, 3),
+                    "uptime_s": round(
+                        now - router.started_at if state is RouterState.LIVE else router.uptime_s,
+                        3,
+                    ),
+                    "replicas_watched": len(router.watch_origin),
+                    "route_version": router.route_version,
+                    "in_flight": router.in_flight,
+                }
+            )
+        return rows
 
     def forget_replica(self, replica: str) -> None:
         self.last_used_at.pop(replica, None)
         self.dirty.pop(replica, None)
+        self.unseen_until.pop(replica, None)
 
     def take_dirty(self) -> dict[str, float]:
         dirty, self.dirty = self.dirty, {}
         return dirty
 
-    def idle_for(self, replica: str, live: list[RouterReport] | None = None):
-        """(seconds, IdleState) of one replica; pass `live` when asking for many at once."""
+    def take_dirty_routers(self) -> tuple[list[Router], list[str], dict[str, float]]:
+        """(routers to store, router ids to delete, gaps to store) since the last call."""
+        changed, self.dirty_routers = self.dirty_routers, set()
+        gaps, self.dirty_gaps = self.dirty_gaps, {}
+        kept = [self.routers[rid] for rid in changed if rid in self.routers]
+        removed = [rid for rid in changed if rid not in self.routers]
+        return kept, removed, gaps
+
+    def idle_for(self, replica: str, live=None, silent=None):
+        """(seconds, IdleState) of one replica; pass `live` and `silent` when asking for many."""
         now = self.clock()
         live = self.live_routers() if live is None else live
-        watching = [r for r in live if replica in r.watched]
+        silent = self.silent_routers() if silent is None else silent
+        if any(replica in r.watch_origin for r in silent):
+            return UNKNOWN_SECONDS, IdleState.UNKNOWN
+        watching = [r.watch_origin[replica] for r in live if replica in r.watch_origin]
         if not watching:
             return UNKNOWN_SECONDS, IdleState.UNKNOWN
         last = self.last_used_at.get(replica)
-        if last is not None:
+        unseen = self.unseen_until.get(replica)
+        if last is not None and (unseen is None or last >= unseen):
             return max(0.0, now - last), IdleState.EXACT
-        bound = min(r.watched[replica] + (now - r.received_at) for r in watching)
-        return bound, IdleState.AT_LEAST
+        bound = now - max(watching)  # the shortest unbroken watch among live routers
+        if unseen is not None:
+            bound = min(bound, now - unseen)
+        return max(0.0, bound), IdleState.AT_LEAST
 
     def idle_map(self, replicas) -> dict[str, tuple[float, IdleState]]:
-        live = self.live_routers()
-        return {replica: self.idle_for(replica, live) for replica in replicas}
+        live, silent = self.live_routers(), self.silent_routers()
+        return {replica: self.idle_for(replica, live, silent) for replica in replicas}
+
+    def unknown_because_silent(self, replicas) -> set[str]:
+        silent = self.silent_routers()
+        return {r for r in replicas if any(r in s.watch_origin for s in silent)}

@@ -73,10 +73,10 @@ class Reconciler:
             for spec in list(fleet.specs.values()):
                 self._reconcile_model(spec, placer)
             self._stop_orphans()
-            dirty = fleet.idle.take_dirty()
-            if dirty:
-                fleet.store.put_last_used(dirty)
+            fleet.flush_activity()
         self.routes.publish(self._routing_table())
+        # What this tick changed it has acted on; only news from outside wakes it again.
+        fleet.changed = False
 
     def _check_heartbeats(self) -> None:
         fleet = self.fleet

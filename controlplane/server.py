@@ -70,4 +70,4 @@ async def tick_loop(reconciler: Reconciler, wake: asyncio.Event, tick_s: float, 
         except Exception:  # one bad tick must not stop the control plane
             log.exception("reconcile tick failed")
         stats["ticks"] += 1
-        reconciler.fleet.idle.forget_stale_routers()
+        reconciler.fleet.idle.forget_gone()

@@ -28,6 +28,8 @@ class Store(Protocol):
     def put_replica(self, replica: Replica) -> None: ...
     def delete_replica(self, replica_id: str) -> None: ...
     def put_last_used(self, last_used: dict[str, float]) -> None: ...
+    def load_routers(self) -> tuple[list[dict], dict[str, float]]: ...
+    def put_routers(self, routers: list[dict], removed: list[str], gaps: dict) -> None: ...
     def close(self) -> None: ...
 
 
@@ -38,6 +40,10 @@ MIGRATIONS = [
     CREATE TABLE nodes (name TEXT PRIMARY KEY, body BLOB NOT NULL);
     CREATE TABLE replicas (id TEXT PRIMARY KEY, model TEXT NOT NULL, body BLOB NOT NULL);
     CREATE TABLE last_used (replica TEXT PRIMARY KEY, at REAL NOT NULL);
+    """,
+    """
+    CREATE TABLE routers (id TEXT PRIMARY KEY, body BLOB NOT NULL);
+    CREATE TABLE unseen_until (replica TEXT PRIMARY KEY, at REAL NOT NULL);
     """,
 ]
 
@@ -134,10 +140,26 @@ class SqliteStore:
         with self.batch():
             self.db.execute("DELETE FROM replicas WHERE id = ?", (replica_id,))
             self.db.execute("DELETE FROM last_used WHERE replica = ?", (replica_id,))
+            self.db.execute("DELETE FROM unseen_until WHERE replica = ?", (replica_id,))
 
     def put_last_used(self, last_used: dict[str, float]) -> None:
         with self.batch():
             self.db.executemany("INSERT OR REPLACE INTO last_used VALUES (?, ?)", last_used.items())
+
+    def load_routers(self) -> tuple[list[dict], dict[str, float]]:
+        """The routers the idle tracker knew, and the gaps dead routers left per replica."""
+        routers = [orjson.loads(body) for (body,) in self.db.execute("SELECT body FROM routers")]
+        gaps = dict(self.db.execute("SELECT replica, at FROM unseen_until"))
+        return routers, gaps
+
+    def put_routers(self, routers: list[dict], removed: list[str], gaps: dict) -> None:
+        with self.batch():
+            self.db.executemany(
+                "INSERT OR REPLACE INTO routers VALUES (?, ?)",
+                [(r["id"], orjson.dumps(r)) for r in routers],
+            )
+            self.db.executemany("DELETE FROM routers WHERE id = ?", [(i,) for i in removed])
+            self.db.executemany("INSERT OR REPLACE INTO unseen_until VALUES (?, ?)", gaps.items())
 
     def close(self) -> None:
         self.db.close()

@@ -16,6 +16,7 @@ from controlplane.model import HOLDING, ReplicaState, Schedulable
 from controlplane.placement import eligible
 
 CAPACITY_KEYS = ("used", "free", "unavailable", "unhealthy", "total")
+ROUTER_STATES = ("live", "silent", "gone")
 
 
 def _held(snap: FleetSnapshot) -> dict[tuple[str, int], str]:
@@ -199,6 +200,14 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             "gpus_held": sum(r["gpus"] for r in idle),
             "unknown": sum(
                 r["idle_state"] == "unknown"
+                for r in replicas
+                if r["state"] in (str(s) for s in HOLDING)
+            ),
+        },
+        "routers": {
+            **{state: sum(r["state"] == state for r in snap.routers) for state in ROUTER_STATES},
+            "unknown_replicas": sum(
+                r["id"] in snap.unknown_by_silence
                 for r in replicas
                 if r["state"] in (str(s) for s in HOLDING)
             ),

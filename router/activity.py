@@ -11,12 +11,18 @@ import orjson
 log = logging.getLogger("gpurouter.activity")
 
 
-def activity_report(router_id: str, started: float, table) -> dict:
-    """DESIGN.md's report: router, uptime and the snapshot's `used` and `watched` maps."""
+def activity_report(
+    router_id: str, incarnation: str, started: float, table, in_flight: int = 0
+) -> dict:
+    """DESIGN.md's report: who reports (identity and incarnation), its uptime, the route
+    version it holds, and the snapshot's `used` and `watched` maps."""
     snapshot = table.snapshot()
     return {
         "router": router_id,
+        "incarnation": incarnation,
         "uptime_s": time.monotonic() - started,
+        "route_version": table.version,
+        "in_flight": in_flight,
         "used": snapshot["used"],
         "watched": snapshot["watched"],
     }
@@ -28,6 +34,7 @@ class ActivityReporter:
         session: aiohttp.ClientSession,
         base_url: str,
         router_id: str,
+        incarnation: str,
         table,
         token: str | None,
         started: float,
@@ -35,6 +42,7 @@ class ActivityReporter:
         self.session = session
         self.url = base_url.rstrip("/") + "/v1/activity"
         self.router_id = router_id
+        self.incarnation = incarnation
         self.table = table
         self.started = started
         self.headers = {"Content-Type": "application/json"}
@@ -42,8 +50,14 @@ class ActivityReporter:
             self.headers["Authorization"] = f"Bearer {token}"
         self.failures = 0
 
-    async def report(self) -> bool:
-        body = orjson.dumps(activity_report(self.router_id, self.started, self.table))
+    async def report(self, in_flight: int = 0, goodbye: bool = False) -> bool:
+        """Post one report; `goodbye` marks the last one of a clean shutdown."""
+        report = activity_report(
+            self.router_id, self.incarnation, self.started, self.table, in_flight
+        )
+        if goodbye:
+            report["goodbye"] = True
+        body = orjson.dumps(report)
         try:
             timeout = aiohttp.ClientTimeout(total=5)
             async with self.session.post(

@@ -39,12 +39,14 @@ class ProxyContext:
         config: ProxyConfig,
         metrics: RouterMetrics | None = None,
         router_id: str = "",
+        incarnation: str = "",
         started: float = 0.0,
         shared_metrics: SharedMetrics | None = None,
         catalog: ModelCatalog | None = None,
     ) -> None:
         self.table = table
         self.router_id = router_id
+        self.incarnation = incarnation
         self.started = started or time.monotonic()
         self.config = config
         self.metrics = metrics or RouterMetrics()
@@ -119,4 +121,6 @@ class ProxyContext:
         return render(totals, table, ejected)
 
     def activity(self) -> dict:
-        return activity_report(self.router_id, self.started, self.table)
+        return activity_report(
+            self.router_id, self.incarnation, self.started, self.table, self.in_flight()
+        )

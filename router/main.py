@@ -65,7 +65,11 @@ def read_token(path: str | None) -> str | None:
     "--tick", "tick_s", default=2.0, show_default=True, help="Activity report period (s)."
 )
 @click.option("--workers", default=1, show_default=True, help="Processes sharing the port.")
-@click.option("--router-id", default="", help="Name in activity reports (default host-pid).")
+@click.option(
+    "--router-id",
+    default="",
+    help="Stable name in activity reports (default: host, listen address, worker).",
+)
 @click.option("--max-body", "max_body_bytes", default=32 * 1024 * 1024, show_default=True)
 @click.option("--connect-timeout", default=5.0, show_default=True)
 @click.option(
@@ -172,12 +176,12 @@ def run(settings: RouterSettings) -> int:
 def run_workers(settings: RouterSettings, workers: int) -> int:
     """N processes on one port (SO_REUSEPORT), each with its own table and reporter."""
     children = []
-    base_id = settings.router_id or f"{os.uname().nodename}-{os.getpid()}"
+    base_id = settings.router_id
     settings.metrics_folder = tempfile.mkdtemp(prefix="gpurouter-metrics-")
     for index in range(workers):
         pid = os.fork()
         if pid == 0:
-            settings.router_id = f"{base_id}-w{index}"
+            settings.router_id = f"{base_id}-w{index}" if base_id else ""
             settings.worker = index
             os._exit(run(settings))
         children.append(pid)

@@ -49,7 +49,11 @@ class RouterServer:
         self.table = EndpointTable(max_in_flight=settings.max_in_flight)
         if settings.static_routes:
             self.table.update(settings.static_routes)
-        self.router_id = settings.router_id or f"{socket.gethostname()}-{os.getpid()}"
+        # Stable across restarts, so that a new incarnation supersedes the old one.
+        self.router_id = settings.router_id or (
+            f"{socket.gethostname()}-{settings.host}:{settings.port}-w{settings.worker}"
+        )
+        self.incarnation = os.urandom(6).hex()
         self.stopping = asyncio.Event()
         self.started = time.monotonic()
 
@@ -63,6 +67,7 @@ class RouterServer:
             self.table,
             settings.proxy,
             router_id=self.router_id,
+            incarnation=self.incarnation,
             started=self.started,
             shared_metrics=shared,
             catalog=ModelCatalog(),
@@ -79,11 +84,26 @@ class RouterServer:
         if settings.reload_routes is not None:
             loop.add_signal_handler(signal.SIGHUP, self.reload)
         log.info(
-            "gpurouter %s listening on http://%s:%d", self.router_id, settings.host, settings.port
+            "gpurouter %s (incarnation %s) listening on http://%s:%d",
+            self.router_id,
+            self.incarnation,
+            settings.host,
+            settings.port,
         )
         session = aiohttp.ClientSession()
+        self.reporter = None
+        if settings.control_plane:
+            self.reporter = ActivityReporter(
+                session,
+                settings.control_plane,
+                self.router_id,
+                self.incarnation,
+                self.table,
+                settings.token,
+                self.started,
+            )
         tasks = [
-            asyncio.create_task(self.tick(ctx, session)),
+            asyncio.create_task(self.tick(ctx)),
             asyncio.create_task(self.follow_catalog(ctx, session)),
         ]
         if settings.control_plane:
@@ -97,6 +117,10 @@ class RouterServer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.reporter is not None:
+                # The last report says goodbye: the control plane hands this watch on to the
+                # next incarnation instead of suspecting a gap.
+                await self.reporter.report(ctx.in_flight(), goodbye=True)
             for conn in list(ctx.connections):
                 conn.close()
             for pool in ctx.pools.values():
@@ -115,17 +139,8 @@ class RouterServer:
             return
         log.info("routes reloaded: %d model(s)", len(routes))
 
-    async def tick(self, ctx: ProxyContext, session) -> None:
-        reporter = None
-        if self.settings.control_plane:
-            reporter = ActivityReporter(
-                session,
-                self.settings.control_plane,
-                self.router_id,
-                self.table,
-                self.settings.token,
-                self.started,
-            )
+    async def tick(self, ctx: ProxyContext) -> None:
+        reporter = self.reporter
         loop = asyncio.get_running_loop()
         next_report = loop.time()
         while True:
@@ -134,7 +149,7 @@ class RouterServer:
                 next_report = loop.time() + self.settings.tick_s
                 ctx.on_tick()
                 if reporter is not None:
-                    asyncio.create_task(reporter.report())
+                    self.report_task = asyncio.create_task(reporter.report(ctx.in_flight()))
             await asyncio.sleep(min(1.0, self.settings.tick_s))
 
     async def follow_catalog(self, ctx: ProxyContext, session) -> None:

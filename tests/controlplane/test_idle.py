@@ -4,8 +4,17 @@ from controlplane.idle import IdleState, IdleTracker, ReportError
 from tests.controlplane.conftest import Clock
 
 
-def report(router, used=None, watched=None, uptime=100.0):
-    return {"router": router, "uptime_s": uptime, "used": used or {}, "watched": watched or {}}
+def report(router, used=None, watched=None, uptime=100.0, incarnation="i1", goodbye=False):
+    body = {
+        "router": router,
+        "incarnation": incarnation,
+        "uptime_s": uptime,
+        "used": used or {},
+        "watched": watched or {},
+    }
+    if goodbye:
+        body["goodbye"] = True
+    return body
 
 
 def test_exact_when_some_router_saw_a_use_and_newest_wins():
@@ -28,16 +37,71 @@ def test_at_least_needs_every_live_router_to_have_watched_that_long():
     assert idle.idle_for("a") == (45.0, IdleState.AT_LEAST)
 
 
-def test_a_router_restart_nominates_nothing():
+def test_a_crash_restart_nominates_nothing_and_leaves_a_gap():
     clock = Clock()
     idle = IdleTracker(clock=clock, live_window_s=10)
     idle.report(report("r1", watched={"a": 3600, "b": 3600}, used={"b": 5}))
-    idle.report(report("r1-restarted", watched={"a": 2, "b": 2}, uptime=2))
+    clock.advance(3)  # kill -9, and a new incarnation 2 s old reports
+    idle.report(report("r1", watched={"a": 2, "b": 2}, uptime=2, incarnation="i2"))
+    assert idle.states() == {"r1": "live"}
     assert idle.idle_for("a") == (2.0, IdleState.AT_LEAST)
+    # b was last seen used 8 s ago, but the dead incarnation may have used it after its last
+    # report: only the time since the gap's end is known.
+    assert idle.idle_for("b") == (2.0, IdleState.AT_LEAST)
     clock.advance(11)
-    idle.report(report("r1-restarted", watched={"a": 13, "b": 13}, uptime=13))
+    idle.report(report("r1", watched={"a": 13, "b": 13}, uptime=13, incarnation="i2"))
     assert idle.idle_for("a") == (13.0, IdleState.AT_LEAST)
-    assert idle.idle_for("b") == (16.0, IdleState.EXACT)
+    assert idle.idle_for("b") == (13.0, IdleState.AT_LEAST)
+    idle.report(report("r1", watched={"a": 13, "b": 13}, used={"b": 1}, incarnation="i2"))
+    assert idle.idle_for("b") == (1.0, IdleState.EXACT)
+
+
+def test_a_goodbye_hands_the_watch_to_the_next_incarnation():
+    clock = Clock()
+    idle = IdleTracker(clock=clock, live_window_s=10)
+    idle.report(report("r1", watched={"a": 600, "b": 600}, used={"b": 30}))
+    idle.report(report("r1", watched={"a": 600, "b": 600}, used={"b": 30}, goodbye=True))
+    assert idle.states() == {"r1": "gone"}
+    assert idle.idle_for("a")[1] == IdleState.UNKNOWN  # nobody routes to it now
+    clock.advance(5)
+    idle.report(report("r1", watched={"a": 1, "b": 1}, uptime=1, incarnation="i2"))
+    assert idle.idle_for("a") == (605.0, IdleState.AT_LEAST)
+    assert idle.idle_for("b") == (35.0, IdleState.EXACT)
+
+
+def test_a_silent_router_makes_its_replicas_unknown_until_it_reports_again():
+    clock = Clock()
+    idle = IdleTracker(clock=clock, live_window_s=10)
+    idle.report(report("cut", watched={"a": 600}, used={"a": 300}))
+    idle.report(report("other", watched={"a": 600, "b": 600}))
+    clock.advance(8)
+    idle.report(report("other", watched={"a": 608, "b": 608}))
+    clock.advance(8)  # "cut" is silent now, "other" still live
+    idle.report(report("other", watched={"a": 616, "b": 616}))
+    assert idle.states() == {"cut": "silent", "other": "live"}
+    assert idle.idle_for("a") == (-1.0, IdleState.UNKNOWN)
+    assert idle.idle_for("b") == (616.0, IdleState.AT_LEAST)
+    assert idle.unknown_because_silent(["a", "b"]) == {"a"}
+    clock.advance(600)  # no timer turns silent into gone
+    idle.report(report("other", watched={"a": 1216, "b": 1216}))
+    assert idle.idle_for("a")[1] == IdleState.UNKNOWN
+    idle.report(report("cut", watched={"a": 1216}, used={"a": 2}))  # back, with its uses
+    assert idle.idle_for("a") == (2.0, IdleState.EXACT)
+
+
+def test_forgetting_a_silent_router_restarts_its_replicas_bounds():
+    clock = Clock()
+    idle = IdleTracker(clock=clock, live_window_s=10)
+    idle.report(report("cut", watched={"a": 600}))
+    idle.report(report("other", watched={"a": 600}))
+    clock.advance(20)
+    idle.report(report("other", watched={"a": 620}))
+    assert idle.idle_for("a")[1] == IdleState.UNKNOWN
+    idle.forget_router("cut")
+    assert idle.idle_for("a") == (0.0, IdleState.AT_LEAST)
+    clock.advance(7)
+    idle.report(report("other", watched={"a": 627}))
+    assert idle.idle_for("a") == (7.0, IdleState.AT_LEAST)
 
 
 def test_no_live_router_means_unknown_never_zero():
@@ -59,13 +123,16 @@ def test_no_live_router_means_unknown_never_zero():
         ({**report("r"), "used": {"a": -3}}, "used"),
         ({**report("r"), "watched": None}, "watched"),
         ({**report("r"), "used": {"a": True}}, "used"),
+        ({**report("r"), "incarnation": 5}, "incarnation"),
+        ({**report("r"), "goodbye": "yes"}, "goodbye"),
+        ({**report("r"), "route_version": "7"}, "route_version"),
     ],
 )
 def test_malformed_reports_are_refused_and_change_nothing(body, field):
     idle = IdleTracker(clock=Clock())
     idle.report(report("good", used={"a": 5}, watched={"a": 10}))
-    before = (dict(idle.last_used_at), set(idle.routers))
+    before = (dict(idle.last_used_at), {k: r.to_dict() for k, r in idle.routers.items()})
     with pytest.raises(ReportError) as refused:
         idle.report(body)
     assert refused.value.field == field
-    assert (dict(idle.last_used_at), set(idle.routers)) == before
+    assert (dict(idle.last_used_at), {k: r.to_dict() for k, r in idle.routers.items()}) == before
