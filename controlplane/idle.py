@@ -314,21 +314,24 @@ class IdleTracker:
 
     def idle_for(self, replica: str, live=None, silent=None):
         """(seconds, IdleState) of one replica; pass `live` and `silent` when asking for many."""
-        now = self.clock()
         live = self.live_routers() if live is None else live
         silent = self.silent_routers() if silent is None else silent
         if any(replica in r.watch_origin for r in silent):
             return UNKNOWN_SECONDS, IdleState.UNKNOWN
-        watching = [r.watch_origin[replica] for r in live if replica in r.watch_origin]
+        watching = [r for r in live if replica in r.watch_origin]
         if not watching:
             return UNKNOWN_SECONDS, IdleState.UNKNOWN
+        # Known only as of the stalest report among the routers that route to it: a router
+        # cut off a moment ago may be using it now, and must not make it look idle meanwhile.
+        as_of = min(r.received_at for r in watching)
         last = self.last_used_at.get(replica)
         unseen = self.unseen_until.get(replica)
         if last is not None and (unseen is None or last >= unseen):
-            return max(0.0, now - last), IdleState.EXACT
-        bound = now - max(watching)  # the shortest unbroken watch among live routers
+            return max(0.0, as_of - last), IdleState.EXACT
+        # The shortest unbroken watch among live routers, never across a dead router's gap.
+        bound = as_of - max(r.watch_origin[replica] for r in watching)
         if unseen is not None:
-            bound = min(bound, now - unseen)
+            bound = min(bound, as_of - unseen)
         return max(0.0, bound), IdleState.AT_LEAST
 
     def idle_map(self, replicas) -> dict[str, tuple[float, IdleState]]:

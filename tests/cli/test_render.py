@@ -74,7 +74,7 @@ def test_status_stays_one_readable_screen_at_2000_nodes():
     assert "NOT READY NODES (5)" in text and "FAILED REPLICAS (6)" in text
     assert "… and 6 more fabrics" in text
     assert "UNUSED PAST 30m: 329 replica(s) holding 658 GPU(s)" in text
-    assert "165 replica(s) of unknown use, not counted" in text
+    assert "165 replica(s) of unknown use, never counted as idle" in text
     assert "≥2h" in text
     assert not ANSI.search(text)
 

@@ -24,6 +24,9 @@ def test_exact_when_some_router_saw_a_use_and_newest_wins():
     idle.report(report("r2", used={"a": 20}, watched={"a": 300}))
     idle.report(report("r1", used={"a": 50}, watched={"a": 300}))  # older news loses
     clock.advance(10)
+    assert idle.idle_for("a") == (20.0, IdleState.EXACT), "known as of the last reports"
+    idle.report(report("r1", used={"a": 60}, watched={"a": 310}))
+    idle.report(report("r2", used={"a": 30}, watched={"a": 310}))
     assert idle.idle_for("a") == (30.0, IdleState.EXACT)
 
 
@@ -34,6 +37,9 @@ def test_at_least_needs_every_live_router_to_have_watched_that_long():
     idle.report(report("r2", watched={"a": 40}))
     assert idle.idle_for("a") == (40.0, IdleState.AT_LEAST)
     clock.advance(5)
+    assert idle.idle_for("a") == (40.0, IdleState.AT_LEAST), "nothing known since the reports"
+    idle.report(report("r1", watched={"a": 605}))
+    idle.report(report("r2", watched={"a": 45}))
     assert idle.idle_for("a") == (45.0, IdleState.AT_LEAST)
 
 

@@ -108,13 +108,16 @@ def test_a_used_replica_stays_known_after_a_control_plane_restart(make_fleet, cl
     fleet.apply(spec())
     reconciler.tick()
     (replica,) = fleet.replicas
-    fleet.idle.report(
-        {"router": "r1", "uptime_s": 50, "used": {replica: 4}, "watched": {replica: 50}}
-    )
-    reconciler.tick()  # flushes last_used_at
+    used = {"router": "r1", "uptime_s": 50, "used": {replica: 4}, "watched": {replica: 50}}
+    fleet.idle.report(used)
+    fleet.idle.report({**used, "goodbye": True})  # redeployed cleanly
+    reconciler.tick()  # flushes last_used_at and the routers
     clock.advance(100)
     restarted, _ = make_fleet()
-    restarted.idle.report({"router": "r1-new", "uptime_s": 1, "used": {}, "watched": {replica: 1}})
+    assert restarted.idle.states() == {"r1": "gone"}
+    restarted.idle.report(
+        {"router": "r1", "incarnation": "i2", "uptime_s": 1, "used": {}, "watched": {replica: 1}}
+    )
     assert restarted.idle.idle_for(replica) == (104.0, IdleState.EXACT)
     assert set(restarted.replicas) == {replica}
     assert restarted.specs["llama"].replicas == 1

@@ -31,3 +31,77 @@ def serving(protocol_factory):
         loop.call_soon_threadsafe(stop.set)
         thread.join(5)
         loop.close()
+
+
+class Relay:
+    """A TCP relay to a local port that can be cut (connections reset, new ones refused) and
+    healed: a network split between a router and its control plane."""
+
+    def __init__(self, loop, target_port: int, port: int) -> None:
+        self.loop = loop
+        self.target_port = target_port
+        self.url = f"http://127.0.0.1:{port}"
+        self.open: set = set()
+        self.is_cut = False
+
+    async def handle(self, reader, writer):
+        if self.is_cut:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer, up_writer)
+        self.open.add(pair)
+
+        async def pipe(source, sink):
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                sink.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self.open.discard(pair)
+
+    def _cut(self):
+        self.is_cut = True
+        for writer, up_writer in list(self.open):
+            writer.transport.abort()
+            up_writer.transport.abort()
+
+    def cut(self) -> None:
+        self.loop.call_soon_threadsafe(self._cut)
+
+    def heal(self) -> None:
+        self.loop.call_soon_threadsafe(setattr, self, "is_cut", False)
+
+
+@contextlib.contextmanager
+def relaying(target_port: int):
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    relay = Relay(loop, target_port, port)
+    ready = threading.Event()
+    stop = asyncio.Event()
+
+    async def serve():
+        server = await asyncio.start_server(relay.handle, "127.0.0.1", port)
+        ready.set()
+        await stop.wait()
+        relay._cut()
+        server.close()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    ready.wait(5)
+    try:
+        yield relay
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(5)
