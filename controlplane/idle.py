@@ -24,7 +24,7 @@ clocks are ever compared.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -92,7 +92,6 @@ class Report:
     goodbye: bool = False
     route_version: int = -1
     in_flight: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class ReportError(ValueError):

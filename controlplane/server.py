@@ -55,6 +55,7 @@ async def serve(
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
         await runner.cleanup()
+        fleet.flush_activity()  # what routers reported since the last tick is kept too
         store.close()
 
 

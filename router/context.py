@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from router.activity import activity_report
 from router.catalog import ModelCatalog
-from router.metrics import OTHER_MODEL, RouterMetrics, SharedMetrics, merge, render
+from router.metrics import RouterMetrics, SharedMetrics, merge, render
 from router.upstream import UpstreamPool
 
 
@@ -72,9 +72,6 @@ class ProxyContext:
     def refresh_routed_models(self) -> None:
         """The names metrics may carry as labels: the table's models and served adapters."""
         self.routed_models = frozenset(self.table.models()) | self.catalog.aliases.keys()
-
-    def metric_label(self, model: str) -> str:
-        return model if model in self.routed_models else OTHER_MODEL
 
     def on_tick(self) -> None:
         """Once a tick: what changes slowly is refreshed here, not per request."""

@@ -151,88 +151,103 @@ class SharedMetrics:
         return merge(states)
 
 
+def labels(**values) -> str:
+    return ",".join(f'{name}="{escape_label(str(value))}"' for name, value in values.items())
+
+
+def family(name: str, kind: str, help_text: str, samples) -> list[str]:
+    """One metric family: `samples` are (label string, value) pairs."""
+    out = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for label_text, value in samples:
+        out.append(f"{name}{{{label_text}}} {value}" if label_text else f"{name} {value}")
+    return out
+
+
+def histogram_family(name: str, help_text: str, buckets: tuple, series) -> list[str]:
+    """`series` are (label string, bucket counts + [sum, count]) pairs."""
+    out = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    for label_text, values in series:
+        cumulative = 0
+        for bound, count in zip(buckets, values, strict=False):
+            cumulative += int(count)
+            out.append(f'{name}_bucket{{{label_text},le="{bound}"}} {cumulative}')
+        out.append(f'{name}_bucket{{{label_text},le="+Inf"}} {int(values[-1])}')
+        out.append(f"{name}_sum{{{label_text}}} {values[-2]}")
+        out.append(f"{name}_count{{{label_text}}} {int(values[-1])}")
+    return out
+
+
 def render(totals: dict, table, ejected_now: list[tuple[str, str]]) -> bytes:
     """Prometheus text of merged states; `ejected_now` are (model, replica) ejected now."""
-    out = [
-        "# HELP gpurouter_requests_total Requests answered, by model and status.",
-        "# TYPE gpurouter_requests_total counter",
-    ]
-    for (model, status), count in sorted(totals["requests"].items()):
-        out.append(
-            f'gpurouter_requests_total{{model="{escape_label(model)}",status="{status}"}} {count}'
-        )
-    out += [
-        "# HELP gpurouter_request_duration_seconds Time from request to the last byte, of"
-        " requests a replica answered, by model and status class.",
-        "# TYPE gpurouter_request_duration_seconds histogram",
-    ]
-    for (model, klass), values in sorted(totals["durations"].items()):
-        labels = f'model="{escape_label(model)}",code="{klass}"'
-        out += render_histogram(
-            "gpurouter_request_duration_seconds", labels, DURATION_BUCKETS, values
-        )
-    out += [
-        "# HELP gpurouter_time_to_first_token_seconds Time from request to the first body chunk"
-        " of the replica's answer.",
-        "# TYPE gpurouter_time_to_first_token_seconds histogram",
-    ]
-    for model, values in sorted(totals["first_token"].items()):
-        labels = f'model="{escape_label(model)}"'
-        out += render_histogram(
-            "gpurouter_time_to_first_token_seconds", labels, FIRST_TOKEN_BUCKETS, values
-        )
-    out += [
-        "# HELP gpurouter_upstream_errors_total Upstream failures, by model and kind.",
-        "# TYPE gpurouter_upstream_errors_total counter",
-    ]
-    for (model, kind), count in sorted(totals["upstream_errors"].items()):
-        out.append(
-            f'gpurouter_upstream_errors_total{{model="{escape_label(model)}",kind="{kind}"}}'
-            f" {count}"
-        )
-    out += [
-        "# HELP gpurouter_ejections_total Replicas ejected after consecutive failures.",
-        "# TYPE gpurouter_ejections_total counter",
-    ]
-    for (model, replica), count in sorted(totals["ejections"].items()):
-        out.append(
-            f'gpurouter_ejections_total{{model="{escape_label(model)}",'
-            f'replica="{escape_label(replica)}"}} {count}'
-        )
-    out += [
-        "# HELP gpurouter_replica_ejected Whether the replica is ejected now (1) or not (0).",
-        "# TYPE gpurouter_replica_ejected gauge",
-    ]
     ejected = set(ejected_now)
-    for model in sorted(table.models()):
-        for _, replica, _ in table.endpoints(model):
-            flag = 1 if (model, replica) in ejected else 0
-            out.append(
-                f'gpurouter_replica_ejected{{model="{escape_label(model)}",'
-                f'replica="{escape_label(replica)}"}} {flag}'
-            )
-    endpoints = sum(len(table.endpoints(m)) for m in table.models())
-    out += [
-        "# HELP gpurouter_retries_total Requests sent again to another replica.",
-        "# TYPE gpurouter_retries_total counter",
-        f"gpurouter_retries_total {totals['retries']}",
-        "# HELP gpurouter_in_flight_requests Requests being answered now.",
-        "# TYPE gpurouter_in_flight_requests gauge",
-        f"gpurouter_in_flight_requests {totals['in_flight']}",
-        "# HELP gpurouter_endpoints Endpoints in the routing table.",
-        "# TYPE gpurouter_endpoints gauge",
-        f"gpurouter_endpoints {endpoints}",
+    endpoints = [
+        (m, replica) for m in sorted(table.models()) for _, replica, _ in table.endpoints(m)
     ]
+    out = family(
+        "gpurouter_requests_total",
+        "counter",
+        "Requests answered, by model and status.",
+        (
+            (labels(model=model, status=status), count)
+            for (model, status), count in sorted(totals["requests"].items())
+        ),
+    )
+    out += histogram_family(
+        "gpurouter_request_duration_seconds",
+        "Time from request to the last byte, of requests a replica answered, by model and"
+        " status class.",
+        DURATION_BUCKETS,
+        (
+            (labels(model=model, code=klass), values)
+            for (model, klass), values in sorted(totals["durations"].items())
+        ),
+    )
+    out += histogram_family(
+        "gpurouter_time_to_first_token_seconds",
+        "Time from request to the first body chunk of the replica's answer.",
+        FIRST_TOKEN_BUCKETS,
+        ((labels(model=model), values) for model, values in sorted(totals["first_token"].items())),
+    )
+    out += family(
+        "gpurouter_upstream_errors_total",
+        "counter",
+        "Upstream failures, by model and kind.",
+        (
+            (labels(model=model, kind=kind), count)
+            for (model, kind), count in sorted(totals["upstream_errors"].items())
+        ),
+    )
+    out += family(
+        "gpurouter_ejections_total",
+        "counter",
+        "Replicas ejected after consecutive failures.",
+        (
+            (labels(model=model, replica=replica), count)
+            for (model, replica), count in sorted(totals["ejections"].items())
+        ),
+    )
+    out += family(
+        "gpurouter_replica_ejected",
+        "gauge",
+        "Whether the replica is ejected now (1) or not (0).",
+        (
+            (labels(model=model, replica=replica), int((model, replica) in ejected))
+            for model, replica in endpoints
+        ),
+    )
+    out += family(
+        "gpurouter_retries_total",
+        "counter",
+        "Requests sent again to another replica.",
+        [("", totals["retries"])],
+    )
+    out += family(
+        "gpurouter_in_flight_requests",
+        "gauge",
+        "Requests being answered now.",
+        [("", totals["in_flight"])],
+    )
+    out += family(
+        "gpurouter_endpoints", "gauge", "Endpoints in the routing table.", [("", len(endpoints))]
+    )
     return ("\n".join(out) + "\n").encode()
-
-
-def render_histogram(name: str, labels: str, buckets: tuple, values: list[float]) -> list[str]:
-    lines = []
-    cumulative = 0
-    for bound, count in zip(buckets, values, strict=False):
-        cumulative += int(count)
-        lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {cumulative}')
-    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {int(values[-1])}')
-    lines.append(f"{name}_sum{{{labels}}} {values[-2]}")
-    lines.append(f"{name}_count{{{labels}}} {int(values[-1])}")
-    return lines

@@ -54,6 +54,8 @@ class RouterServer:
             f"{socket.gethostname()}-{settings.host}:{settings.port}-w{settings.worker}"
         )
         self.incarnation = os.urandom(6).hex()
+        self.reporter: ActivityReporter | None = None
+        self.report_task: asyncio.Task | None = None  # the tick's report, held until it ends
         self.stopping = asyncio.Event()
         self.started = time.monotonic()
 
@@ -91,7 +93,6 @@ class RouterServer:
             settings.port,
         )
         session = aiohttp.ClientSession()
-        self.reporter = None
         if settings.control_plane:
             self.reporter = ActivityReporter(
                 session,
@@ -117,6 +118,8 @@ class RouterServer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.report_task is not None:
+                self.report_task.cancel()
             if self.reporter is not None:
                 # The last report says goodbye: the control plane hands this watch on to the
                 # next incarnation instead of suspecting a gap.

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.integration
 CHAT = [{"role": "user", "content": "hello"}]
 
 
-def client(base: str, **kw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0)
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
 
 
 def test_audio_transcription_is_routed_by_its_form_field(procs):

@@ -182,7 +182,10 @@ def test_silent_routers_stay_silent_across_a_control_plane_restart(procs, tmp_pa
             rows = call("GET", fleet.url + "/v1/routers")[1]["items"]
             return next((r for r in rows if r["id"] == "edge-cut"), None)
 
-        wait_until(cut_router, what="a report")
+        wait_until(
+            lambda: (cut_router() or {}).get("replicas_watched") == 1,
+            what="a report with the router's table",
+        )
         relay.cut()
         server = next(p for p in procs.started if "server" in p.args)
         procs.terminate(server)
@@ -193,6 +196,9 @@ def test_silent_routers_stay_silent_across_a_control_plane_restart(procs, tmp_pa
             timeout=20,
             what="the router to be silent after the restart",
         )
+        fleet.bring_up()
+        (replica,) = fleet.replicas().values()
+        assert replica["idle_state"] == "unknown", "its table survived the restart"
         status, answer = call("DELETE", fleet.url + "/v1/routers/edge-cut")
         assert status == 200 and cut_router() is None
 
