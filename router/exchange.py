@@ -98,7 +98,7 @@ class Exchange:
         self.model = self.routed_model = model = target[0]
         # Metric labels only for names the router routes: a client cannot add series.
         self.label = label = model if model in ctx.routed_models else OTHER_MODEL
-        self.stats = ctx.metrics.model(label)
+        self.stats = ctx.metrics.models.get(label) or ctx.metrics.model(label)
         self.ask_each_replica = target[1]
         self.method = method
         self.url = url
@@ -255,17 +255,18 @@ class Exchange:
 
     def _release(self, failed: bool) -> None:
         slot, self.slot = self.slot, -1
-        if slot < 0:
-            return
-        if self.ctx.table.release(slot, failed):
-            replica = self.ctx.table.endpoint_id(slot) or "?"
-            self.ctx.metrics.ejected(self.label, replica)
-            log.warning(
-                "replica %s of model %s ejected after consecutive failures (last: %s)",
-                replica,
-                self.label,
-                self.last_failure or f"HTTP {self.status}",
-            )
+        if slot >= 0 and self.ctx.table.release(slot, failed):
+            self._ejected(slot)
+
+    def _ejected(self, slot: int) -> None:
+        replica = self.ctx.table.endpoint_id(slot) or "?"
+        self.ctx.metrics.ejected(self.label, replica)
+        log.warning(
+            "replica %s of model %s ejected after consecutive failures (last: %s)",
+            replica,
+            self.label,
+            self.last_failure or f"HTTP {self.status}",
+        )
 
     def _end_broken_answer(self, message: str) -> None:
         if self.sse and self.chunked:
@@ -281,7 +282,7 @@ class Exchange:
         """The end of every path: release, count, answer the client. Runs once."""
         if self.stage is DONE:
             return
-        self._move(DONE)
+        self.stage = DONE  # every other state may end: no need to consult the table
         self.status = status
         if self.connecting is not None:
             self.connecting.cancel()
@@ -289,8 +290,11 @@ class Exchange:
         if self.upstream is not None:
             upstream, self.upstream = self.upstream, None
             upstream.detach()
-        if self.slot >= 0:
-            self._release(failed)
+        slot = self.slot
+        if slot >= 0:
+            self.slot = -1
+            if self.ctx.table.release(slot, failed):
+                self._ejected(slot)
         self.ctx.metrics.in_flight -= 1
         stats = self.stats
         stats.finished(status)
@@ -341,7 +345,7 @@ class Exchange:
                 upstream.detach()
                 self._release(failed=False)
                 return self._pick()
-            self._move(RELAY)
+            self.stage = RELAY  # from SEND, checked above: always a legal move
             self.status = status
             self.deadline = self.ctx.loop.time() + self.ctx.config.idle_timeout_s
             has_length = False

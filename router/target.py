@@ -15,6 +15,8 @@ import orjson
 
 MODEL_HEADER = b"x-gpufleet-model"
 BODYLESS_METHODS = (b"GET", b"DELETE")
+FORM_INITIALS = (b"m", b"M")
+MULTIPART_FORM = b"multipart/form-data"
 
 
 class Refusal(Exception):
@@ -27,8 +29,9 @@ def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[st
     """(model, ask_each_replica): whether the request is for state held by one replica, where
     a 404 means "ask the next one". Refusal when the request names no model."""
     if method == b"POST":
-        content_type = headers.get(b"content-type")
-        if content_type is not None and content_type[:19].lower() == b"multipart/form-data":
+        content_type = headers.get(b"content-type", b"")
+        # The first letter alone rules out JSON (nearly every request) without a lower().
+        if content_type[:1] in FORM_INITIALS and content_type[:19].lower() == MULTIPART_FORM:
             return _model_form_field(content_type, headers, body), False
         try:
             payload = orjson.loads(body)
