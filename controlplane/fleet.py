@@ -70,6 +70,10 @@ class Fleet:
         self.specs: dict[str, ModelSpec] = specs
         self.nodes: dict[str, Node] = nodes
         self.replicas: dict[str, Replica] = replicas
+        # node -> ids of the replicas placed on it: a heartbeat looks at its node's only.
+        self.on_node: dict[str, dict[str, None]] = {}  # dicts as ordered sets
+        for replica in replicas.values():
+            self._index(replica)
         self.reasons: dict[str, str] = {}
         routers, gaps = store.load_routers()
         self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
@@ -229,8 +233,9 @@ class Fleet:
 
     def _forget_stopped(self, node: Node, reports: dict) -> None:
         """A Stopping replica whose agents no longer run it is gone."""
-        for replica in list(self.replicas.values()):
-            if replica.state != ReplicaState.STOPPING or node.name not in replica.nodes:
+        for replica_id in list(self.on_node.get(node.name, ())):
+            replica = self.replicas[replica_id]
+            if replica.state != ReplicaState.STOPPING:
                 continue
             if replica.id not in reports or reports[replica.id]["state"] == "Stopped":
                 self.remove_replica(replica.id)
@@ -239,7 +244,8 @@ class Fleet:
         """What the agent of `name` must run: one entry per replica slice on that node."""
         self.node(name)
         out = []
-        for replica in self.replicas.values():
+        for replica_id in self.on_node.get(name, ()):
+            replica = self.replicas[replica_id]
             if replica.state not in HOLDING or replica.state == ReplicaState.STOPPING:
                 continue
             spec = self.specs.get(replica.model)
@@ -277,8 +283,13 @@ class Fleet:
         )
         self.store.put_replica(replica)
         self.replicas[replica.id] = replica
+        self._index(replica)
         self.changed = True
         return replica
+
+    def _index(self, replica: Replica) -> None:
+        for node in replica.nodes:
+            self.on_node.setdefault(node, {})[replica.id] = None
 
     def set_replica_state(self, replica: Replica, state: ReplicaState, reason: str = "") -> None:
         replica.state = state
@@ -289,7 +300,9 @@ class Fleet:
 
     def remove_replica(self, replica_id: str) -> None:
         self.store.delete_replica(replica_id)
-        self.replicas.pop(replica_id, None)
+        replica = self.replicas.pop(replica_id, None)
+        for node in replica.nodes if replica is not None else ():
+            self.on_node.get(node, {}).pop(replica_id, None)
         self.idle.forget_replica(replica_id)
         self.changed = True
 
