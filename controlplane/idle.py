@@ -24,7 +24,7 @@ clocks are ever compared.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -56,6 +56,9 @@ class Router:
     goodbye: bool = False
     route_version: int = -1
     in_flight: int = 0
+    # The watch a predecessor that said goodbye handed on, for replicas this incarnation has
+    # not reported yet (its first report can come before its routing table).
+    inherited: dict[str, float] = field(default_factory=dict)
 
     def state(self, now: float, live_window_s: float) -> RouterState:
         if self.goodbye:
@@ -75,6 +78,7 @@ class Router:
             "goodbye": self.goodbye,
             "route_version": self.route_version,
             "in_flight": self.in_flight,
+            "inherited": self.inherited,
         }
 
     @classmethod
@@ -188,8 +192,11 @@ class IdleTracker:
             if known.watch_origin.keys() != report.watched.keys():
                 # Its table changed: replicas it keeps keep their origin, new ones start now.
                 self.dirty_routers.add(report.router)
+                origins, inherited = known.watch_origin, known.inherited
                 known.watch_origin = {
-                    replica: known.watch_origin.get(replica, now - seconds)
+                    replica: origins[replica]
+                    if replica in origins
+                    else inherited.get(replica, now - seconds)
                     for replica, seconds in report.watched.items()
                 }
             known.received_at = now
@@ -208,7 +215,7 @@ class IdleTracker:
         if before is not None:
             if before.goodbye:
                 # A clean handover: nothing was routed between goodbye and this start.
-                inherited = before.watch_origin
+                inherited = {**before.inherited, **before.watch_origin}
             else:
                 # It died without a word after its last report: a use may hide before this
                 # incarnation's start, in any replica its table held.
@@ -228,6 +235,7 @@ class IdleTracker:
             started,
             origins,
             report.goodbye,
+            inherited=inherited,
         )
 
     def forget_router(self, router_id: str) -> Router:

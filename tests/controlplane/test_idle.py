@@ -75,6 +75,18 @@ def test_a_goodbye_hands_the_watch_to_the_next_incarnation():
     assert idle.idle_for("b") == (35.0, IdleState.EXACT)
 
 
+def test_the_handover_waits_for_the_successors_table():
+    clock = Clock()
+    idle = IdleTracker(clock=clock, live_window_s=10)
+    idle.report(report("r1", watched={"a": 600}))
+    idle.report(report("r1", watched={"a": 600}, goodbye=True))
+    clock.advance(2)
+    idle.report(report("r1", watched={}, uptime=1, incarnation="i2"))  # before its routes
+    clock.advance(1)
+    idle.report(report("r1", watched={"a": 1}, uptime=2, incarnation="i2"))
+    assert idle.idle_for("a") == (603.0, IdleState.AT_LEAST)
+
+
 def test_a_silent_router_makes_its_replicas_unknown_until_it_reports_again():
     clock = Clock()
     idle = IdleTracker(clock=clock, live_window_s=10)

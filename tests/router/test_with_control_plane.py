@@ -249,3 +249,64 @@ def test_router_keeps_serving_its_last_table_while_the_control_plane_is_down(pro
         timeout=15,
         what="reports to reach the restarted control plane",
     )
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL])
+def test_rolling_router_restarts_keep_bounds_honest(procs, tmp_path, stop_signal):
+    # DESIGN.md's rolling restart, scaled down: two routers restarted in turn every 3 s for
+    # 27 s, models idle after 12 s. By SIGTERM the never-used replica is listed once it has
+    # been watched for 12 s in all, across restarts; by SIGKILL each death restarts its bound.
+    # Either way the replica in use is never listed.
+    fleet = Fleet(procs, tmp_path)
+    for name in ("used", "never"):
+        call("POST", fleet.url + "/v1/models", spec(name=name, replicas=1, idle_after="12s"))
+    wait_until(
+        lambda: len(call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"]) == 2,
+        what="placement",
+    )
+    fleet.bring_up()
+    ids = {r["model"]: r["id"] for r in fleet.replicas().values()}
+    routers = {name: fleet.router("--router-id", name) for name in ("edge-a", "edge-b")}
+    started = time.monotonic()
+    stop = threading.Event()
+    last_use, failures = [], []
+
+    def traffic():
+        while not stop.is_set():
+            for url, _ in list(routers.values()):
+                try:
+                    api = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=2)
+                    api.chat.completions.create(model="used", messages=[])
+                    last_use.append(time.monotonic())
+                except openai.APIConnectionError:
+                    continue  # that router is restarting
+                except openai.APIError as exc:
+                    failures.append(repr(exc))
+            time.sleep(0.3)
+
+    sender = threading.Thread(target=traffic)
+    sender.start()
+    listed_at = None
+    try:
+        for turn in range(9):
+            name = ("edge-a", "edge-b")[turn % 2]
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                listed = {
+                    r["id"] for r in call("GET", fleet.url + "/v1/summary")[1]["idle"]["replicas"]
+                }
+                assert ids["used"] not in listed, "a replica in use was listed as idle"
+                if ids["never"] in listed and listed_at is None:
+                    listed_at = time.monotonic() - started
+                fleet.bring_up()  # the agent's heartbeat
+                time.sleep(0.25)
+            procs.terminate(routers[name][1], stop_signal)
+            routers[name] = fleet.router("--router-id", name)
+    finally:
+        stop.set()
+        sender.join()
+    assert len(last_use) > 20 and failures == []
+    if stop_signal == signal.SIGTERM:
+        assert listed_at is not None and listed_at < 20, listed_at
+    else:
+        assert listed_at is None, "a bound was counted across a crash"
