@@ -296,10 +296,7 @@ class Exchange:
             if self.ctx.table.release(slot, failed):
                 self._ejected(slot)
         self.ctx.metrics.in_flight -= 1
-        stats = self.stats
-        stats.finished(status)
-        if self.tried:
-            stats.answered_by_replica(status, self.ctx.loop.time() - self.started)
+        self.stats.finished(status, self.ctx.loop.time() - self.started if self.tried else None)
         client = self.client
         if client.closed:
             client.exchange = None

@@ -40,20 +40,12 @@ class ClientConnection(asyncio.Protocol):
         self.pending: deque = deque()
         self.exchange: Exchange | None = None
         self.closed = False
-        self.reading_since = 0.0
         self.idle_since = ctx.loop.time()
         self.keep_alive = True
         self.max_header_bytes = ctx.config.max_header_bytes  # read per header: kept at hand
         self.max_body_bytes = ctx.config.max_body_bytes
-        self._reset_request()
-
-    def _reset_request(self) -> None:
-        self.url = b""
-        self.headers: dict[bytes, bytes] = {}
-        self.header_list: list = []
-        self.header_bytes = 0
-        self.body: list[bytes] = []
-        self.body_bytes = 0
+        self.on_message_begin()  # the request being read starts empty...
+        self.reading_since = 0.0  # ... and none is being read yet
 
     # asyncio callbacks
 
@@ -104,7 +96,12 @@ class ClientConnection(asyncio.Protocol):
     # httptools callbacks
 
     def on_message_begin(self) -> None:
-        self._reset_request()
+        self.url = b""
+        self.headers = {}
+        self.header_list = []
+        self.header_bytes = 0
+        self.body = []
+        self.body_bytes = 0
         self.reading_since = self.ctx.loop.time()
 
     def on_url(self, url: bytes) -> None:

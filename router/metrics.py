@@ -55,10 +55,12 @@ class ModelStats:
         self.durations: dict[int, Histogram] = {}  # by status class: 2 for 2xx...
         self.first_token = Histogram(FIRST_TOKEN_BUCKETS)
 
-    def finished(self, status: int) -> None:
+    def finished(self, status: int, seconds: float | None) -> None:
+        """A request ended; `seconds` it took when a replica answered it, else None (the
+        router's own refusals do not belong in the duration histogram)."""
         self.requests[status] = self.requests.get(status, 0) + 1
-
-    def answered_by_replica(self, status: int, seconds: float) -> None:
+        if seconds is None:
+            return
         klass = status // 100
         histogram = self.durations.get(klass)
         if histogram is None:

@@ -110,12 +110,14 @@ class UpstreamConnection(asyncio.Protocol):
         self.served += 1
         listener, self.listener = self.listener, None
         reusable = self.parser.should_keep_alive() and not self.closed
-        if listener is not None:
-            listener.upstream_complete(reusable)
+        # Back in the pool before the listener hears of it: the client's next (pipelined)
+        # request, started from there, can take this very connection.
         if reusable:
             self.pool.put_back(self)
         else:
             self.close()
+        if listener is not None:
+            listener.upstream_complete(reusable)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
