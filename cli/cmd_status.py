@@ -1,5 +1,6 @@
 """`gpuctl status`: the whole fleet on one screen, at 4 nodes or 2,000."""
 
+import shutil
 import textwrap
 
 import click
@@ -9,6 +10,37 @@ from cli.render import bar, duration, echo_json, idle_text, paint, table, trunca
 from controlplane.model import parse_duration
 
 MAX_LINES = 4  # per list, so that the screen stays one screen at 2,000 nodes
+
+
+def deciding_fabrics(s: dict) -> list[dict]:
+    """For each GPU class that a multi-node model cannot be placed on, the fabric closest to
+    fitting it (most whole free nodes of that class): what an operator must see to act."""
+    groups = s.get("fabrics_by_class", [])
+    wanted = {u["gpu_class"] for u in s["unplaceable"] if u.get("nodes_per_replica", 1) > 1}
+    best = []
+    for gpu_class in sorted(wanted):
+        mine = [g for g in groups if g["gpu_class"] == gpu_class]
+        if mine:
+            best.append(max(mine, key=lambda g: (g["whole_free"], g["ready"], g["fabric"])))
+    return best
+
+
+def fabric_lines(s: dict) -> list[str]:
+    groups = s.get("fabrics_by_class", [])
+    if not groups:
+        return []
+    shown = deciding_fabrics(s)
+    # Then where a multi-node replica could go first: most whole free nodes at the top.
+    for group in sorted(groups, key=lambda g: (-g["whole_free"], g["fabric"], g["gpu_class"])):
+        if len(shown) >= max(MAX_LINES, len(deciding_fabrics(s))):
+            break
+        if group not in shown:
+            shown.append(group)
+    rows = [[g["fabric"], g["gpu_class"], g["nodes"], g["ready"], g["whole_free"]] for g in shown]
+    out = [table(["FABRIC", "CLASS", "NODES", "READY", "WHOLE NODES FREE"], rows, right={2, 3, 4})]
+    if len(groups) > len(shown):
+        out.append(f"… and {len(groups) - len(shown)} more fabric/class groups (gpuctl nodes)")
+    return out + [""]
 
 
 def render_status(s: dict, colour: bool, width: int = 80) -> str:
@@ -47,18 +79,7 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
     else:
         out.append("No GPUs registered yet.")
     out.append("")
-    # Where a multi-node replica could go first: most whole free nodes at the top.
-    fabrics = sorted(s["fabrics"].items(), key=lambda item: (-item[1]["whole_free"], item[0]))
-    fabric_rows = [
-        [name, f["nodes"], f["ready"], f["whole_free"]] for name, f in fabrics[:MAX_LINES]
-    ]
-    if fabric_rows:
-        out.append(
-            table(["FABRIC", "NODES", "READY", "WHOLE NODES FREE"], fabric_rows, right={1, 2, 3})
-        )
-        if len(s["fabrics"]) > MAX_LINES:
-            out.append(f"… and {len(s['fabrics']) - MAX_LINES} more fabrics")
-        out.append("")
+    out += fabric_lines(s)
 
     def counts(section):
         by_state = section["by_state"]
@@ -67,8 +88,8 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
 
     out.append(f"MODELS    {counts(s['models'])}")
     out.append(f"REPLICAS  {counts(s['replicas'])}")
-    if "routers" in s:
-        r = s["routers"]
+    r = s.get("routers", {})
+    if r.get("live") or r.get("silent"):
         out.append(f"ROUTERS   {r['live'] + r['silent']} ({r['live']} live, {r['silent']} silent)")
     problems = [
         (
@@ -82,6 +103,14 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
             [
                 f"{r['id']} on {','.join(r['nodes']) or '-'}: {r['reason']}"
                 for r in s["failed_replicas"]
+            ],
+        ),
+        (
+            "DEGRADED REPLICAS",
+            "red",
+            [
+                f"{r['id']} ({r['model']}): {r['reason']}; being replaced"
+                for r in s.get("degraded_replicas", [])
             ],
         ),
         (
@@ -187,4 +216,4 @@ def status(ctx: Context, output: str, as_json: bool, idle_after: str | None):
     if output == "json" or as_json:
         echo_json(answer)
     else:
-        click.echo(render_status(answer, use_colour()))
+        click.echo(render_status(answer, use_colour(), shutil.get_terminal_size().columns))

@@ -29,6 +29,21 @@ HOLDING = {
 }
 
 
+def gpu_faults(replica, nodes: dict) -> list[str]:
+    """What is wrong with the GPUs `replica` holds, one line a GPU ([] when all are healthy)."""
+    faults = []
+    for piece in replica.placement:
+        node = nodes.get(piece.node)
+        if node is None:
+            continue
+        by_index = {gpu.index: gpu for gpu in node.gpus}
+        for index in piece.gpus:
+            gpu = by_index.get(index)
+            if gpu is not None and not gpu.healthy:
+                faults.append(f"GPU {index} on {piece.node} unhealthy: {gpu.reason or 'no reason'}")
+    return faults
+
+
 class Schedulable(StrEnum):
     SCHEDULABLE = "schedulable"
     CORDONED = "cordoned"

@@ -12,7 +12,7 @@ import asyncio
 import time
 
 from controlplane.fleet import Fleet
-from controlplane.model import ReplicaState, Schedulable
+from controlplane.model import ReplicaState, Schedulable, gpu_faults
 from controlplane.placement import Placer
 
 LIVE = {ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY}
@@ -115,8 +115,12 @@ class Reconciler:
         fleet = self.fleet
         mine = [r for r in fleet.replicas.values() if r.model == spec.name and r.state in LIVE]
         draining = {n.name for n in fleet.nodes.values() if n.schedulable == Schedulable.DRAINING}
-        staying = [r for r in mine if not draining.intersection(r.nodes)]
+        # A replica on a failed GPU (Degraded) is replaced like one on a draining node, but is
+        # stopped only once its replacement is Ready: it may still be serving meanwhile.
+        degraded = {r.id for r in mine if gpu_faults(r, fleet.nodes)}
+        staying = [r for r in mine if not draining.intersection(r.nodes) and r.id not in degraded]
         leaving = [r for r in mine if draining.intersection(r.nodes)]
+        replaced = [r for r in mine if r.id in degraded and not draining.intersection(r.nodes)]
         missing = spec.replicas - len(staying)
         if missing > 0:
             outcome = placer.place(spec, missing)
@@ -144,16 +148,14 @@ class Reconciler:
                 fleet.set_replica_state(replica, ReplicaState.STOPPING, "scaled down")
         # Replicas on draining nodes go once their replacements are ready, or at once when no
         # replacement fits (the drain goes on; the model's reason tells the operator why).
-        ready_staying = sum(
-            1
-            for r in fleet.replicas.values()
-            if r.model == spec.name
-            and r.state == ReplicaState.READY
-            and not draining.intersection(r.nodes)
-        )
+        ready_staying = sum(1 for r in staying if r.state == ReplicaState.READY)
         if leaving and (ready_staying >= spec.replicas or spec.name in fleet.reasons):
             for replica in leaving:
                 fleet.set_replica_state(replica, ReplicaState.STOPPING, "node draining")
+        if replaced and ready_staying >= spec.replicas:
+            for replica in replaced:
+                why = "; ".join(gpu_faults(replica, fleet.nodes))
+                fleet.set_replica_state(replica, ReplicaState.STOPPING, f"replaced: {why}")
 
     def _stop_orphans(self) -> None:
         fleet = self.fleet

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 
 from controlplane.fleet import FleetSnapshot
 from controlplane.idle import IdleState
-from controlplane.model import HOLDING, ReplicaState, Schedulable
+from controlplane.model import HOLDING, ReplicaState, Schedulable, gpu_faults
 from controlplane.placement import eligible
 
 CAPACITY_KEYS = ("used", "free", "unavailable", "unhealthy", "total")
@@ -79,22 +79,32 @@ def node_rows(snap: FleetSnapshot) -> list[dict]:
     return rows
 
 
+DEGRADED = "Degraded"  # shown for a replica that holds a failed GPU
+HOLDING_ROWS = {str(s) for s in HOLDING} | {DEGRADED}
+
+
 def replica_rows(snap: FleetSnapshot) -> list[dict]:
     rows = []
+    nodes = {n.name: n for n in snap.nodes}
     for replica in sorted(snap.replicas, key=lambda r: (r.model, r.id)):
         seconds, state = snap.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
+        holding = replica.state in HOLDING
+        faults = gpu_faults(replica, nodes) if holding else []
+        shown = DEGRADED if faults and replica.state != ReplicaState.STOPPING else replica.state
         rows.append(
             {
                 "id": replica.id,
                 "model": replica.model,
-                "state": str(replica.state),
+                "state": str(shown),
                 "nodes": replica.nodes,
-                "gpus": replica.gpu_count if replica.state in HOLDING else 0,
+                # Cards it holds; of those, the failed ones count as unhealthy, not used.
+                "gpus": replica.gpu_count if holding else 0,
+                "gpus_unhealthy": len(faults),
                 "placement": [{"node": p.node, "gpus": p.gpus} for p in replica.placement],
                 "url": replica.url,
                 "idle_s": round(seconds, 1) if state != IdleState.UNKNOWN else -1,
                 "idle_state": str(state),
-                "reason": replica.reason,
+                "reason": "; ".join(faults) or replica.reason,
                 "age_s": round(max(0.0, snap.now - replica.created_at), 1),
                 "exit_code": replica.exit_code,
             }
@@ -152,11 +162,18 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
     fabrics: dict[str, dict[str, int]] = defaultdict(
         lambda: {"nodes": 0, "ready": 0, "whole_free": 0}
     )
+    # Free cards on another fabric or of another class are no capacity for a model that spans
+    # nodes: whole free nodes count per (fabric, GPU class).
+    fabric_classes: dict[tuple[str, str], dict[str, int]] = defaultdict(
+        lambda: {"nodes": 0, "ready": 0, "whole_free": 0}
+    )
     for row in nodes:
-        fabric = fabrics[row["fabric"]]
-        fabric["nodes"] += 1
-        fabric["ready"] += row["ready"]
-        fabric["whole_free"] += row["whole_free"]
+        for group in [fabrics[row["fabric"]]] + [
+            fabric_classes[(row["fabric"], c)] for c in row["gpu_classes"]
+        ]:
+            group["nodes"] += 1
+            group["ready"] += row["ready"]
+            group["whole_free"] += row["whole_free"]
     thresholds = {spec.name: spec.idle_after_s for spec in snap.specs}
     idle = []
     for row in replicas:
@@ -164,7 +181,7 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             idle_after_s if idle_after_s is not None else thresholds.get(row["model"], 1800.0)
         )
         if (
-            row["state"] in (str(s) for s in HOLDING)
+            row["state"] in HOLDING_ROWS
             and row["idle_state"] != "unknown"
             and row["idle_s"] >= threshold
         ):
@@ -178,6 +195,10 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
     return {
         "capacity": {k: v for k, v in sorted(capacity.items())},
         "fabrics": {k: v for k, v in sorted(fabrics.items())},
+        "fabrics_by_class": [
+            {"fabric": fabric, "gpu_class": gpu_class, **counts}
+            for (fabric, gpu_class), counts in sorted(fabric_classes.items())
+        ],
         "nodes": {
             "total": len(nodes),
             "ready": sum(r["ready"] for r in nodes),
@@ -193,7 +214,16 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             "total": len(models),
             "by_state": dict(sorted(Counter(r["state"] for r in models).items())),
         },
-        "unplaceable": [{"model": r["name"], "reason": r["reason"]} for r in models if r["reason"]],
+        "unplaceable": [
+            {
+                "model": r["name"],
+                "reason": r["reason"],
+                "gpu_class": r["gpu_class"],
+                "nodes_per_replica": r["nodes_per_replica"],
+            }
+            for r in models
+            if r["reason"]
+        ],
         "idle": {
             "threshold_s": idle_after_s,
             "replicas": idle,
@@ -201,7 +231,7 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             "unknown": sum(
                 r["idle_state"] == "unknown"
                 for r in replicas
-                if r["state"] in (str(s) for s in HOLDING)
+                if r["state"] in HOLDING_ROWS
             ),
         },
         "routers": {
@@ -209,12 +239,17 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             "unknown_replicas": sum(
                 r["id"] in snap.unknown_by_silence
                 for r in replicas
-                if r["state"] in (str(s) for s in HOLDING)
+                if r["state"] in HOLDING_ROWS
             ),
         },
         "unhealthy_gpus": [{"node": r["name"], **g} for r in nodes for g in r["unhealthy_gpus"]],
         "not_ready_nodes": [
             {"name": r["name"], "fabric": r["fabric"]} for r in nodes if not r["ready"]
+        ],
+        "degraded_replicas": [
+            {key: r[key] for key in ("id", "model", "nodes", "reason", "gpus", "gpus_unhealthy")}
+            for r in replicas
+            if r["state"] == DEGRADED
         ],
         "failed_replicas": [
             {key: r[key] for key in ("id", "model", "nodes", "reason", "exit_code")}

@@ -72,7 +72,7 @@ def test_status_stays_one_readable_screen_at_2000_nodes():
     assert max(len(line) for line in lines) <= 80
     assert "2000 nodes (1995 Ready, 5 NotReady)" in lines[0]
     assert "NOT READY NODES (5)" in text and "FAILED REPLICAS (6)" in text
-    assert "… and 6 more fabrics" in text
+    assert "… and 6 more fabric/class groups" in text
     assert "UNUSED PAST 30m: 329 replica(s) holding 658 GPU(s)" in text
     assert "165 replica(s) of unknown use, never counted as idle" in text
     assert "≥2h" in text
@@ -83,3 +83,31 @@ def test_colour_only_when_asked():
     data = summary(big_fleet(40, 2), 1800)
     assert ANSI.search(render_status(data, colour=True))
     assert not ANSI.search(render_status(data, colour=False))
+
+
+def test_the_fabric_that_decides_an_unplaceable_model_is_always_on_screen():
+    # 25 fabrics: 24 of H200 nodes with free whole nodes, one of H100 with a single free node;
+    # an H100 model needing 2 whole nodes cannot be placed. Its fabric must be on screen, with
+    # its class, however many roomier fabrics of another class there are.
+    classes = ["H200-141GB"] * 24 + ["H100-80GB"]
+    node_list = []
+    for f, gpu_class in enumerate(classes):
+        for i in range(80):
+            gpus = [GPU(g, f"GPU-{f}-{i}-{g}", gpu_class) for g in range(8)]
+            node_list.append(Node(f"n{f:02d}-{i:02d}", "10.0.0.1", f"fab-{f:02d}", gpus))
+    held = [
+        Replica(f"x-{i}", "x", [Slice(f"n24-{i:02d}", [0])], state=ReplicaState.READY)
+        for i in range(79)
+    ]
+    spec = ModelSpec(
+        name="big", gpu_class="H100-80GB", command=["x"], gpus_per_replica=8, nodes_per_replica=2
+    )
+    other = ModelSpec(name="x", gpu_class="H100-80GB", command=["x"], replicas=79)
+    reasons = {"big": "1 replica(s) of big cannot be placed: needs 2 whole free H100-80GB nodes"}
+    snap = FleetSnapshot(node_list, held, [spec, other], reasons, {}, now=1e6)
+    for width in (80, 200):
+        text = render_status(summary(snap, 1800), colour=False, width=width)
+        deciding = [line for line in text.splitlines() if line.startswith("fab-24")]
+        assert deciding and "H100-80GB" in deciding[0] and deciding[0].split()[-1] == "1"
+        assert "more fabric/class groups" in text
+        assert max(len(line) for line in text.splitlines()) <= width

@@ -172,3 +172,34 @@ def test_a_multi_node_replica_gets_ranks_and_one_leader(make_fleet):
     reconciler.tick()
     assert fleet.replicas[replica.id].state == ReplicaState.FAILED, "a follower's death fails it"
     assert reconciler.routes.routes == {"llama": []}
+
+
+def test_a_replica_on_a_failed_gpu_is_degraded_then_replaced(make_fleet):
+    from controlplane.summary import replica_rows, summary
+
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1", gpus=2))
+    fleet.register(make_node("n2", gpus=2))
+    fleet.apply(spec(replicas=1, gpus_per_replica=2))
+    reconciler.tick()
+    (old,) = fleet.replicas.values()
+    ready_all(fleet, old.nodes[0])
+    bad = old.placement[0].gpus[1]
+    gpus = [{"index": i, "healthy": i != bad, "reason": "XID 79"} for i in range(2)]
+    fleet.heartbeat(old.nodes[0], {"gpus": gpus, "replicas": {old.id: {"state": "Ready"}}})
+    reconciler.tick()
+    row = next(r for r in replica_rows(fleet.snapshot()) if r["id"] == old.id)
+    assert row["state"] == "Degraded" and row["gpus"] == 2 and row["gpus_unhealthy"] == 1
+    assert row["reason"] == f"GPU {bad} on {old.nodes[0]} unhealthy: XID 79"
+    numbers = summary(fleet.snapshot())
+    h100 = numbers["capacity"]["H100-80GB"]
+    # Its healthy card and the two its replacement holds are used, the failed one is not.
+    assert (h100["used"], h100["unhealthy"], h100["free"]) == (3, 1, 0), "each card once"
+    assert numbers["degraded_replicas"][0]["id"] == old.id
+    assert old.state == ReplicaState.READY, "it serves until its replacement is ready"
+    assert [e["id"] for e in reconciler.routes.routes["llama"]] == [old.id]
+    (new,) = [r for r in fleet.replicas.values() if r.id != old.id]
+    assert new.nodes != old.nodes
+    ready_all(fleet, new.nodes[0])
+    reconciler.tick()
+    assert old.state == ReplicaState.STOPPING and "XID 79" in old.reason
