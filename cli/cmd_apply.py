@@ -6,18 +6,12 @@ import click
 import yaml
 
 from cli.context import Context, pass_context
-from cli.render import echo_json
-
-TEXT_OR_JSON = click.option(
-    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
-)
+from cli.output import OUTPUT, emit
 
 
-def say(output: str, answer: dict, text: str) -> None:
-    if output == "json":
-        echo_json(answer)
-    else:
-        click.echo(text)
+def say(output: str, answer: dict, name: str, done: str) -> None:
+    """A change's answer: `kind/name done` for humans, or the API's answer."""
+    emit(output, answer, lambda wide: f"{name} {done}", [name])
 
 
 def read_specs(path: str) -> list:
@@ -47,49 +41,62 @@ def read_specs(path: str) -> list:
     required=True,
     help="YAML file of model specs ('-' for standard input).",
 )
-@TEXT_OR_JSON
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Have the control plane check every spec and say what it would do; store nothing.",
+)
+@OUTPUT
 @pass_context
-def apply(ctx: Context, path: str, output: str):
+def apply(ctx: Context, path: str, dry_run: bool, output: str):
     """Create or update the models in a YAML file (one spec per document, or `models:`)."""
     results = []
     for spec in read_specs(path):
-        answer = ctx.post("/v1/models", spec)
-        results.append(answer)
-        if output == "text":
-            click.echo(f"model/{answer['spec']['name']} {answer['result']}")
-    if output == "json":
-        echo_json({"items": results})
+        results.append(ctx.post("/v1/models" + ("?dry_run=true" if dry_run else ""), spec))
+    suffix = " (dry run)" if dry_run else ""
+    names = [f"model/{answer['spec']['name']}" for answer in results]
+    emit(
+        output,
+        {"items": results},
+        lambda wide: "\n".join(
+            f"{name} {answer['result']}{suffix}"
+            for name, answer in zip(names, results, strict=True)
+        ),
+        names,
+    )
 
 
 @click.command("delete")
 @click.argument("model")
-@TEXT_OR_JSON
+@OUTPUT
 @pass_context
 def delete(ctx: Context, model: str, output: str):
     """Delete MODEL; its replicas are stopped."""
     answer = ctx.delete(f"/v1/models/{model}")
-    say(output, answer, f"model/{answer['spec']['name']} deleted")
+    say(output, answer, f"model/{answer['spec']['name']}", "deleted")
 
 
 @click.command("scale")
 @click.argument("model")
 @click.argument("replicas", type=click.IntRange(min=0))
-@TEXT_OR_JSON
+@OUTPUT
 @pass_context
 def scale(ctx: Context, model: str, replicas: int, output: str):
     """Set MODEL's number of REPLICAS."""
     answer = ctx.post(f"/v1/models/{model}/scale", {"replicas": replicas})
-    say(output, answer, f"model/{answer['spec']['name']} scaled to {answer['spec']['replicas']}")
+    say(
+        output, answer, f"model/{answer['spec']['name']}", f"scaled to {answer['spec']['replicas']}"
+    )
 
 
 def _node_action(action: str, help_text: str):
     @click.command(action, help=help_text)
     @click.argument("node")
-    @TEXT_OR_JSON
+    @OUTPUT
     @pass_context
     def command(ctx: Context, node: str, output: str):
         answer = ctx.post(f"/v1/nodes/{node}/{action}")
-        say(output, answer, f"node/{answer['name']} {answer['schedulable']}")
+        say(output, answer, f"node/{answer['name']}", answer["schedulable"])
 
     return command
 

@@ -4,11 +4,13 @@ until it reports again, a new incarnation of it starts, or it is forgotten here.
 
 import click
 
-from cli.context import NO_HEADERS, OUTPUT, Context, pass_context
-from cli.render import duration, echo_json, table
+from cli.cmd_tables import list_items
+from cli.context import Context, pass_context
+from cli.output import NO_HEADERS, OUTPUT, emit
+from cli.render import duration, table
 
 
-def router_table(items, wide: bool, no_headers: bool) -> str:
+def router_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers = ["ID", "STATE", "LAST REPORT", "UPTIME", "REPLICAS", "IN FLIGHT"]
     if wide:
         headers += ["INCARNATION", "ROUTE VERSION"]
@@ -25,7 +27,7 @@ def router_table(items, wide: bool, no_headers: bool) -> str:
         if wide:
             row += [r["incarnation"] or "-", r["route_version"]]
         rows.append(row)
-    return table(headers, rows, no_headers, right={4, 5})
+    return table(headers, rows, no_headers, right={4, 5}, width=width)
 
 
 @click.group("routers", invoke_without_command=True)
@@ -36,23 +38,16 @@ def routers(click_ctx, output: str, no_headers: bool):
     """List routers: live, silent (stopped reporting, may still serve) or gone."""
     if click_ctx.invoked_subcommand is not None:
         return
-    answer = click_ctx.find_object(Context).get("/v1/routers")
-    if output == "json":
-        echo_json(answer)
-    elif not answer["items"]:
-        click.echo("No routers found.", err=True)
-    else:
-        click.echo(router_table(answer["items"], output == "wide", no_headers))
+    ctx = click_ctx.find_object(Context)
+    list_items(ctx, "/v1/routers", "router", "id", router_table, output, no_headers)
 
 
 @routers.command("forget")
 @click.argument("router_id")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@OUTPUT
 @pass_context
 def forget(ctx: Context, router_id: str, output: str):
     """Forget ROUTER_ID, a router that is really gone (its replicas' idle bounds restart now)."""
     answer = ctx.delete(f"/v1/routers/{router_id}")
-    if output == "json":
-        echo_json(answer)
-    else:
-        click.echo(f"router/{answer['id']} forgotten")
+    name = f"router/{answer['id']}"
+    emit(output, answer, lambda wide: f"{name} forgotten", [name])

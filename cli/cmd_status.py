@@ -1,12 +1,12 @@
 """`gpuctl status`: the whole fleet on one screen, at 4 nodes or 2,000."""
 
-import shutil
 import textwrap
 
 import click
 
 from cli.context import Context, pass_context
-from cli.render import bar, duration, echo_json, idle_text, paint, table, truncate, use_colour
+from cli.output import INTERVAL, OUTPUT, WATCH, emit, terminal_width, watching
+from cli.render import bar, duration, idle_text, paint, table, truncate
 from controlplane.model import parse_duration
 
 MAX_LINES = 4  # per list, so that the screen stays one screen at 2,000 nodes
@@ -193,9 +193,7 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
 
 
 @click.command("status")
-@click.option(
-    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
-)
+@OUTPUT
 @click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
 @click.option(
     "--idle-after",
@@ -203,17 +201,27 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
     help="List replicas unused for longer than this (e.g. 90s, 30m, 2h); default: each"
     " model's idle_after.",
 )
+@WATCH
+@INTERVAL
 @pass_context
-def status(ctx: Context, output: str, as_json: bool, idle_after: str | None):
+def status(ctx: Context, output: str, as_json: bool, idle_after, watch: bool, interval: float):
     """How full the fleet is, what is broken, what cannot be placed, what nobody uses."""
+    if output == "name":
+        raise click.UsageError("status is a summary with no names: use -o json or -o yaml")
     query = ""
     if idle_after is not None:
         try:
             query = f"?idle_after={parse_duration(idle_after, 'idle-after')}"
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--idle-after") from None
-    answer = ctx.get("/v1/summary" + query)
-    if output == "json" or as_json:
-        echo_json(answer)
-    else:
-        click.echo(render_status(answer, use_colour(), shutil.get_terminal_size().columns))
+
+    def show():
+        answer = ctx.get("/v1/summary" + query)
+
+        def human(wide: bool) -> str:
+            # -o wide: reasons whole, however long
+            return render_status(answer, ctx.colour, 10_000 if wide else terminal_width())
+
+        emit("json" if as_json else output, answer, human, [], colour=ctx.colour)
+
+    watching(show, watch, interval)

@@ -1,12 +1,15 @@
 """`gpuctl nodes`, `gpuctl replicas`, `gpuctl models`: the tables, from one snapshot each."""
 
+import time
+
 import click
 
-from cli.context import NO_HEADERS, OUTPUT, Context, pass_context
-from cli.render import duration, echo_json, idle_text, table, truncate
+from cli.context import Context, pass_context
+from cli.output import INTERVAL, NO_HEADERS, OUTPUT, WATCH, emit, terminal_width, watching
+from cli.render import duration, idle_text, table
 
 
-def node_table(items, wide: bool, no_headers: bool) -> str:
+def node_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers = [
         "NAME",
         "STATUS",
@@ -15,6 +18,7 @@ def node_table(items, wide: bool, no_headers: bool) -> str:
         "USED",
         "FREE",
         "UNHEALTHY",
+        "OTHER",
         "TOTAL",
         "REPLICAS",
     ]
@@ -31,16 +35,17 @@ def node_table(items, wide: bool, no_headers: bool) -> str:
             g["used"],
             g["free"],
             g["unhealthy"],
+            g["unavailable"],  # healthy, unheld, on a node that takes no work
             g["total"],
             n["replicas"],
         ]
         if wide:
             row.append(n["address"])
         rows.append(row)
-    return table(headers, rows, no_headers, right={4, 5, 6, 7, 8})
+    return table(headers, rows, no_headers, right={4, 5, 6, 7, 8, 9}, width=width)
 
 
-def replica_table(items, wide: bool, no_headers: bool) -> str:
+def replica_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers = ["NAME", "MODEL", "STATE", "NODES", "GPUS", "IDLE", "AGE"]
     if wide:
         headers += ["URL", "REASON"]
@@ -58,53 +63,112 @@ def replica_table(items, wide: bool, no_headers: bool) -> str:
         if wide:
             row += [r["url"] or "-", r["reason"] or "-"]
         rows.append(row)
-    return table(headers, rows, no_headers, right={4})
+    return table(headers, rows, no_headers, right={4}, width=width)
 
 
-def model_table(items, wide: bool, no_headers: bool) -> str:
+def gpus_per_replica(m: dict) -> str:
+    """What one replica holds: `8`, or `16 (8x2)` for one that spans two nodes."""
+    per_node, nodes = m["gpus_per_replica"], m["nodes_per_replica"]
+    return str(per_node) if nodes == 1 else f"{per_node * nodes} ({per_node}x{nodes})"
+
+
+def model_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers = ["NAME", "CLASS", "GPUS", "READY", "STATE"]
     headers += ["NODES/REPLICA", "IDLE AFTER", "GEN", "REASON"] if wide else ["REASON"]
     rows = []
     for m in items:
-        row = [
-            m["name"],
-            m["gpu_class"],
-            m["gpus_per_replica"],
-            f"{m['ready']}/{m['desired']}",
-            m["state"],
-        ]
+        row = [m["name"], m["gpu_class"], gpus_per_replica(m), f"{m['ready']}/{m['desired']}"]
+        row.append(m["state"])
         if wide:
-            row += [
-                m["nodes_per_replica"],
-                duration(m["idle_after_s"]),
-                m["generation"],
-                m["reason"] or "-",
-            ]
-        else:
-            row.append(truncate(m["reason"], 30) if m["reason"] else "-")
+            row += [m["nodes_per_replica"], duration(m["idle_after_s"]), m["generation"]]
+        # The row already names the model and its READY count: the reason starts at what is
+        # missing ("needs 8 free H100-80GB GPUs on one node; the best ... has 6").
+        row.append(m["reason"].partition(" cannot be placed: ")[2] or m["reason"] or "-")
         rows.append(row)
-    return table(headers, rows, no_headers, right={2})
+    return table(headers, rows, no_headers, right={2}, width=width)
 
 
-def _list_command(name: str, path: str, render, help_text: str):
+def list_items(ctx: Context, path: str, kind: str, key: str, render, output: str, no_headers):
+    """GET a list and show it: `render(items, wide, no_headers, width)` for humans."""
+    answer = ctx.get(path)
+    items = answer["items"]
+    if not items and output in ("table", "wide"):
+        click.echo(f"No {kind}s found.", err=True)
+        return
+
+    def human(wide: bool) -> str:
+        # The last column (free text) fits the terminal; -o wide shows it whole.
+        return render(items, wide, no_headers, 0 if wide else terminal_width())
+
+    emit(output, answer, human, [f"{kind}/{item[key]}" for item in items])
+
+
+def _list_command(name: str, path: str, kind: str, render, help_text: str):
     @click.command(name, help=help_text)
     @OUTPUT
     @NO_HEADERS
+    @WATCH
+    @INTERVAL
     @pass_context
-    def command(ctx: Context, output: str, no_headers: bool):
-        answer = ctx.get(path)
-        if output == "json":
-            echo_json(answer)
-        elif not answer["items"]:
-            click.echo(f"No {name} found.", err=True)
-        else:
-            click.echo(render(answer["items"], output == "wide", no_headers))
+    def command(ctx: Context, output: str, no_headers: bool, watch: bool, interval: float):
+        key = "id" if kind == "replica" else "name"
+        watching(
+            lambda: list_items(ctx, path, kind, key, render, output, no_headers), watch, interval
+        )
 
     return command
 
 
-nodes = _list_command("nodes", "/v1/nodes", node_table, "List nodes and their GPUs.")
+nodes = _list_command("nodes", "/v1/nodes", "node", node_table, "List nodes and their GPUs.")
 replicas = _list_command(
-    "replicas", "/v1/replicas", replica_table, "List replicas, with how long each has gone unused."
+    "replicas",
+    "/v1/replicas",
+    "replica",
+    replica_table,
+    "List replicas, with how long each has gone unused.",
 )
-models = _list_command("models", "/v1/models", model_table, "List models and their state.")
+
+
+@click.command("models")
+@click.argument("name", required=False)
+@OUTPUT
+@NO_HEADERS
+@WATCH
+@INTERVAL
+@pass_context
+def models(ctx: Context, name, output: str, no_headers: bool, watch: bool, interval: float):
+    """List models and their state; with NAME, one model with its replicas and events."""
+
+    def show():
+        if name is None:
+            return list_items(ctx, "/v1/models", "model", "name", model_table, output, no_headers)
+        answer = ctx.get(f"/v1/models/{name}")
+        emit(output, answer, lambda wide: describe_model(answer, wide), [f"model/{name}"])
+
+    watching(show, watch, interval)
+
+
+def describe_model(m: dict, wide: bool) -> str:
+    spec = m["spec"]
+    lines = [
+        f"NAME         {m['name']}",
+        f"STATE        {m['state']}   READY {m['ready']}/{m['desired']}",
+        f"GPUS         {gpus_per_replica(m)} {m['gpu_class']} per replica",
+        f"IDLE AFTER   {duration(m['idle_after_s'])}",
+        f"GENERATION   {m['generation']}",
+        f"COMMAND      {' '.join(spec['command'])}",
+    ]
+    if m["reason"]:
+        lines.append(f"REASON       {m['reason']}")
+    lines += ["", "REPLICAS"]
+    if m["replicas"]:
+        lines.append(replica_table(m["replicas"], wide, False, 0 if wide else terminal_width()))
+    else:
+        lines.append("  none")
+    lines += ["", "EVENTS"]
+    now = time.time()
+    rows = [[duration(now - e["at"]) + " ago", e["message"]] for e in m["events"][-20:]]
+    lines.append(
+        table(["AGE", "MESSAGE"], rows, width=0 if wide else terminal_width()) if rows else "  none"
+    )
+    return "\n".join(lines)

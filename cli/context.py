@@ -8,22 +8,14 @@ import click
 
 from cli import client
 from cli.config import ClientConfig, resolve
-
-OUTPUT = click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "wide", "json"]),
-    default="table",
-    show_default=True,
-    help="Output format.",
-)
-NO_HEADERS = click.option("--no-headers", is_flag=True, help="Leave the header row out.")
+from cli.output import use_colour
 
 
 @dataclass
 class Context:
     server_flag: str | None
     token_flag: str | None
+    colour_mode: str = "auto"
     _config: ClientConfig | None = None
 
     @property
@@ -34,6 +26,10 @@ class Context:
             except ValueError as exc:
                 raise click.ClickException(str(exc)) from None
         return self._config
+
+    @property
+    def colour(self) -> bool:
+        return use_colour(self.colour_mode)
 
     def get(self, path: str):
         return client.request(self.config.server, "GET", path, token=self.config.token)

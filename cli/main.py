@@ -22,10 +22,22 @@ from cli.context import Context
     help="Control plane URL (default: GPUCTL_SERVER, the config file, http://127.0.0.1:8081).",
 )
 @click.option("--token", envvar="GPUCTL_TOKEN", default=None, help="Admin token.")
+@click.option(
+    "--color",
+    "colour",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour: auto (on a terminal), always or never. NO_COLOR set always means never.",
+)
+@click.version_option(package_name="gpufleet", prog_name="gpuctl")
 @click.pass_context
-def gpuctl(click_ctx, server, token):
-    """Operate a gpufleet: status, nodes, replicas, models, and the daemons themselves."""
-    click_ctx.obj = Context(server, token)
+def gpuctl(click_ctx, server, token, colour):
+    """Operate a gpufleet: status, nodes, replicas, models, and the daemons themselves.
+
+    Shell completion: eval "$(_GPUCTL_COMPLETE=bash_source gpuctl)" (zsh_source, fish_source).
+    """
+    click_ctx.obj = Context(server, token, colour)
 
 
 for command in (

@@ -1,20 +1,8 @@
-"""Rendering for humans: tables, bars, durations, colour (only on a TTY, never with NO_COLOR)."""
+"""Rendering for humans: tables, bars, durations, colour (as `cli.output.use_colour` says)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
-import click
-
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "dim": "2", "bold": "1"}
-
-
-def use_colour(stream=None) -> bool:
-    if "NO_COLOR" in os.environ:
-        return False
-    stream = stream or sys.stdout
-    return hasattr(stream, "isatty") and stream.isatty()
 
 
 def paint(text: str, colour: str, enabled: bool) -> str:
@@ -50,14 +38,26 @@ def bar(used: int, total: int, width: int = 20, colour: bool = False) -> str:
 
 
 def table(
-    headers: list[str], rows: list[list], no_headers: bool = False, right: set[int] | None = None
+    headers: list[str],
+    rows: list[list],
+    no_headers: bool = False,
+    right: set[int] | None = None,
+    width: int = 0,
 ) -> str:
+    """Columns aligned; with `width`, the last column (a reason, free text) is cut to fit."""
     right = right or set()
     cells = [[str(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
+    if width and cells:
+        room = width - sum(widths[:-1]) - 3 * (len(widths) - 1)
+        if room < widths[-1]:
+            room = max(room, len(headers[-1]), 20)
+            for row in cells:
+                row[-1] = truncate(row[-1], room)
+            widths[-1] = room
     lines = []
     if not no_headers:
         lines.append(_line(headers, widths, right))
@@ -75,9 +75,3 @@ def _line(cells, widths, right) -> str:
 
 def truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def echo_json(payload) -> None:
-    import json
-
-    click.echo(json.dumps(payload, indent=2, ensure_ascii=False))

@@ -188,13 +188,19 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     fleet = request.app[FLEET_KEY]
     spec = fleet.spec(request.match_info["name"])
-    row = next(r for r in model_rows(snapshot(request)) if r["name"] == spec.name)
-    return json_response({**row, "spec": spec.to_dict()})
+    snap = snapshot(request)
+    row = next(r for r in model_rows(snap) if r["name"] == spec.name)
+    replicas = [r for r in replica_rows(snap) if r["model"] == spec.name]
+    events = [{"at": at, "message": text} for at, text in fleet.events.get(spec.name, ())]
+    return json_response({**row, "spec": spec.to_dict(), "replicas": replicas, "events": events})
 
 
 async def apply_model(request: web.Request) -> web.Response:
     require(request, "admin")
-    spec, outcome = request.app[FLEET_KEY].apply(await body_of(request))
+    dry_run = request.query.get("dry_run", "") in ("1", "true")
+    spec, outcome = request.app[FLEET_KEY].apply(await body_of(request), dry_run=dry_run)
+    if dry_run:
+        return json_response({"spec": spec.to_dict(), "result": outcome, "dry_run": True})
     wake(request)
     return json_response(
         {"spec": spec.to_dict(), "result": outcome}, 201 if outcome == "created" else 200

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 from controlplane.idle import IdleState, IdleTracker, Router
@@ -23,6 +24,8 @@ from controlplane.model import (
     validate_spec,
 )
 from controlplane.store import Store
+
+EVENTS_PER_MODEL = 50
 
 
 class NotFound(LookupError):
@@ -75,6 +78,7 @@ class Fleet:
         for replica in replicas.values():
             self._index(replica)
         self.reasons: dict[str, str] = {}
+        self.events: dict[str, deque] = {}
         routers, gaps = store.load_routers()
         self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
         started = clock()
@@ -85,8 +89,13 @@ class Fleet:
 
     # specs
 
-    def apply(self, body) -> tuple[ModelSpec, str]:
-        """Create or update a model; returns the stored spec and created/configured/unchanged."""
+    def event(self, model: str, message: str) -> None:
+        """What happened to a model, for `gpuctl models NAME` (kept in memory, the newest 50)."""
+        self.events.setdefault(model, deque(maxlen=EVENTS_PER_MODEL)).append((self.wall(), message))
+
+    def apply(self, body, dry_run: bool = False) -> tuple[ModelSpec, str]:
+        """Create or update a model; returns the stored spec and created/configured/unchanged.
+        `dry_run`: validate and say what would happen, store nothing."""
         try:
             spec = validate_spec(body)
         except SpecError as exc:
@@ -105,16 +114,21 @@ class Fleet:
             if spec.to_dict() == current.to_dict():
                 return current, "unchanged"
         spec.generation = (current.generation if current else 0) + 1
+        outcome = "configured" if current else "created"
+        if dry_run:
+            return spec, outcome
         self.store.put_spec(spec)
         self.specs[spec.name] = spec
         self.changed = True
-        return spec, "configured" if current else "created"
+        self.event(spec.name, f"spec {outcome} (generation {spec.generation})")
+        return spec, outcome
 
     def delete(self, name: str) -> ModelSpec:
         spec = self.spec(name)
         self.store.delete_spec(name)
         del self.specs[name]
         self.reasons.pop(name, None)
+        self.events.pop(name, None)
         self.changed = True
         return spec
 
@@ -132,6 +146,7 @@ class Fleet:
         self.store.put_spec(updated)
         self.specs[name] = updated
         self.changed = True
+        self.event(name, f"scaled from {spec.replicas} to {replicas} replica(s)")
         return updated
 
     def spec(self, name: str) -> ModelSpec:
@@ -230,6 +245,11 @@ class Fleet:
         replica.updated_at = self.wall()
         self.store.put_replica(replica)
         self.changed = True
+        self.event(
+            replica.model,
+            f"replica {replica.id} {replica.state}"
+            + (f": {replica.reason}" if replica.reason else ""),
+        )
 
     def _forget_stopped(self, node: Node, reports: dict) -> None:
         """A Stopping replica whose agents no longer run it is gone."""
@@ -285,11 +305,24 @@ class Fleet:
         self.replicas[replica.id] = replica
         self._index(replica)
         self.changed = True
+        self.event(model, f"replica {replica.id} placed on {', '.join(replica.nodes)}")
         return replica
 
     def _index(self, replica: Replica) -> None:
         for node in replica.nodes:
             self.on_node.setdefault(node, {})[replica.id] = None
+
+    def set_reason(self, model: str, reason: str) -> None:
+        """Why some of `model`'s replicas cannot be placed ("" once they all are)."""
+        before = self.reasons.get(model, "")
+        if reason == before:
+            return
+        if reason:
+            self.reasons[model] = reason
+            self.event(model, reason)
+        else:
+            del self.reasons[model]
+            self.event(model, "every replica placed")
 
     def set_replica_state(self, replica: Replica, state: ReplicaState, reason: str = "") -> None:
         replica.state = state
@@ -297,6 +330,9 @@ class Fleet:
         replica.updated_at = self.wall()
         self.store.put_replica(replica)
         self.changed = True
+        self.event(
+            replica.model, f"replica {replica.id} {state}" + (f": {reason}" if reason else "")
+        )
 
     def remove_replica(self, replica_id: str) -> None:
         self.store.delete_replica(replica_id)

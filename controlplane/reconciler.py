@@ -126,12 +126,9 @@ class Reconciler:
             outcome = placer.place(spec, missing)
             for placement in outcome.placements:
                 fleet.add_replica(spec.name, placement)
-            if outcome.reason:
-                fleet.reasons[spec.name] = outcome.reason
-            else:
-                fleet.reasons.pop(spec.name, None)
+            fleet.set_reason(spec.name, outcome.reason)
         else:
-            fleet.reasons.pop(spec.name, None)
+            fleet.set_reason(spec.name, "")
         extra = len(staying) - spec.replicas
         if extra > 0:
             # Stop the least useful first: not ready, then the longest idle, then the newest.

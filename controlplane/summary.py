@@ -229,17 +229,13 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             "replicas": idle,
             "gpus_held": sum(r["gpus"] for r in idle),
             "unknown": sum(
-                r["idle_state"] == "unknown"
-                for r in replicas
-                if r["state"] in HOLDING_ROWS
+                r["idle_state"] == "unknown" for r in replicas if r["state"] in HOLDING_ROWS
             ),
         },
         "routers": {
             **{state: sum(r["state"] == state for r in snap.routers) for state in ROUTER_STATES},
             "unknown_replicas": sum(
-                r["id"] in snap.unknown_by_silence
-                for r in replicas
-                if r["state"] in HOLDING_ROWS
+                r["id"] in snap.unknown_by_silence for r in replicas if r["state"] in HOLDING_ROWS
             ),
         },
         "unhealthy_gpus": [{"node": r["name"], **g} for r in nodes for g in r["unhealthy_gpus"]],

@@ -1,6 +1,9 @@
 """gpuctl through click's CliRunner against a real `gpuctl server` process."""
 
 import json
+import signal
+import subprocess
+import time
 
 import pytest
 import yaml
@@ -8,7 +11,7 @@ from click.testing import CliRunner
 
 from cli.main import gpuctl
 from tests.controlplane.conftest import make_node, spec
-from tests.harness import call, control_plane, free_port
+from tests.harness import BIN, call, control_plane, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +79,8 @@ def test_errors_are_one_line_and_exit_1_usage_is_exit_2(cp, tmp_path):
     down = run("--server", f"http://127.0.0.1:{free_port()}", "status")
     assert down.exit_code == 1 and "cannot reach the control plane" in down.output
     assert run("--server", cp, "scale", "llama", "-3").exit_code == 2
-    assert run("--server", cp, "nodes", "-o", "yaml").exit_code == 2
+    assert run("--server", cp, "nodes", "-o", "xml").exit_code == 2
+    assert run("--server", cp, "status", "-o", "name").exit_code == 2
     assert run("--server", cp, "status", "--idle-after", "soon").exit_code == 2
     assert json.loads(run("--server", cp, "models", "-o", "json").output)["items"] == []
 
@@ -107,3 +111,83 @@ def test_mutations_answer_json_too(cp, tmp_path):
     assert drained["schedulable"] == "draining"
     deleted = json.loads(run(*auth, "delete", "llama", "-o", "json").output)
     assert deleted["result"] == "deleted"
+
+
+def test_one_output_vocabulary_on_every_command(cp, tmp_path):
+    specs = tmp_path / "m.yaml"
+    specs.write_text(yaml.safe_dump_all([spec(name="llama"), spec(name="qwen")]))
+    auth = ["--server", cp, "--token", "sekret"]
+    assert run(*auth, "apply", "-f", str(specs), "-o", "name").output.split() == [
+        "model/llama",
+        "model/qwen",
+    ]
+    call("POST", cp + "/v1/nodes", make_node("gpu-1", gpus=2), token="sekret")
+    assert run(*auth, "nodes", "-o", "name").output == "node/gpu-1\n"
+    assert run(*auth, "models", "-o", "name").output.split() == ["model/llama", "model/qwen"]
+    listed = yaml.safe_load(run(*auth, "models", "-o", "yaml").output)
+    assert [m["name"] for m in listed["items"]] == ["llama", "qwen"]
+    status = yaml.safe_load(run(*auth, "status", "-o", "yaml").output)
+    assert status["capacity"]["H100-80GB"]["total"] == 2
+    assert run(*auth, "cordon", "gpu-1", "-o", "name").output == "node/gpu-1\n"
+    assert (
+        yaml.safe_load(run(*auth, "scale", "qwen", "0", "-o", "yaml").output)["spec"]["replicas"]
+        == 0
+    )
+    assert run(*auth, "routers", "-o", "json").output.strip().startswith("{")
+    version = run("--version")
+    assert version.exit_code == 0 and version.output.startswith("gpuctl, version ")
+
+
+def test_apply_dry_run_checks_on_the_server_and_stores_nothing(cp, tmp_path):
+    auth = ["--server", cp, "--token", "sekret"]
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(yaml.safe_dump(spec(name="llama")))
+    bad.write_text(
+        yaml.safe_dump(spec(name="llama", min_replicas=2, replicas=1, gpus_per_replica=0))
+    )
+    result = run(*auth, "apply", "-f", str(good), "--dry-run")
+    assert result.output == "model/llama created (dry run)\n"
+    refused = run(*auth, "apply", "-f", str(bad), "--dry-run")
+    assert refused.exit_code == 1 and "gpus_per_replica" in refused.output
+    assert call("GET", cp + "/v1/models")[1]["items"] == []
+
+
+def test_models_name_shows_replicas_and_events(cp, tmp_path):
+    auth = ["--server", cp, "--token", "sekret"]
+    call("POST", cp + "/v1/nodes", make_node("gpu-1", gpus=1), token="sekret")
+    specs = tmp_path / "m.yaml"
+    specs.write_text(yaml.safe_dump(spec(name="llama", replicas=2)))
+    run(*auth, "apply", "-f", str(specs))
+    wait_until(lambda: call("GET", cp + "/v1/models/llama")[1]["reason"], what="a reason")
+    text = run(*auth, "models", "llama").output
+    assert text.splitlines()[0].split() == ["NAME", "llama"]
+    assert "REPLICAS" in text and "gpu-1" in text
+    events = text.split("EVENTS", 1)[1]
+    assert "spec created (generation 1)" in events
+    assert "placed on gpu-1" in events and "cannot be placed" in events
+    missing = run(*auth, "models", "nope")
+    assert missing.exit_code == 1 and "404" in missing.output
+
+
+@pytest.mark.parametrize("mode, expect", [("always", True), ("never", False), ("auto", False)])
+def test_colour_follows_the_flag_and_no_color_wins(cp, mode, expect, monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    coloured = run("--server", cp, "--color", mode, "status")
+    assert ("\x1b[" in coloured.output) is expect  # auto: CliRunner is no terminal
+    plain = run("--server", cp, "--color", "always", "status", env={"NO_COLOR": "1"})
+    assert "\x1b[" not in plain.output
+
+
+def test_watch_shows_the_screen_again_until_interrupted(cp):
+    watcher = subprocess.Popen(
+        [str(BIN / "gpuctl"), "--server", cp, "status", "--watch", "--interval", "0.3"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2.5)
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        output, _ = watcher.communicate(timeout=10)
+    assert watcher.returncode == 0
+    assert output.count("FLEET") >= 3

@@ -1,11 +1,14 @@
 import re
 
+import pytest
+
 from cli.cmd_status import render_status
+from cli.cmd_tables import gpus_per_replica, model_table, node_table
 from cli.render import bar, duration, idle_text
 from controlplane.fleet import FleetSnapshot
 from controlplane.idle import IdleState
 from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
-from controlplane.summary import summary
+from controlplane.summary import model_rows, node_rows, summary
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -111,3 +114,25 @@ def test_the_fabric_that_decides_an_unplaceable_model_is_always_on_screen():
         assert deciding and "H100-80GB" in deciding[0] and deciding[0].split()[-1] == "1"
         assert "more fabric/class groups" in text
         assert max(len(line) for line in text.splitlines()) <= width
+
+
+@pytest.mark.parametrize("nodes, width", [(4, 80), (4, 200), (2000, 80), (2000, 200)])
+def test_tables_fit_the_terminal_and_keep_every_card(nodes, width):
+    snap = big_fleet(nodes, 2)
+    data = summary(snap, 1800)
+    status = render_status(data, colour=False, width=width).splitlines()
+    assert max(len(line) for line in status) <= width and len(status) <= 60
+    models = model_table(model_rows(snap), wide=False, no_headers=False, width=width)
+    assert max(len(line) for line in models.splitlines()) <= width
+    reasons = [line for line in models.splitlines() if "needs 8 free" in line]
+    assert reasons, "the reason starts with what is missing, not with the model's name again"
+    for row in node_rows(snap):
+        g = row["gpus"]
+        assert g["used"] + g["free"] + g["unhealthy"] + g["unavailable"] == g["total"]
+    assert "OTHER" in node_table(node_rows(snap), wide=False, no_headers=False).splitlines()[0]
+
+
+def test_a_two_node_replica_shows_all_the_cards_it_holds():
+    row = {"gpus_per_replica": 8, "nodes_per_replica": 2}
+    assert gpus_per_replica(row) == "16 (8x2)"
+    assert gpus_per_replica({"gpus_per_replica": 4, "nodes_per_replica": 1}) == "4"
