@@ -102,6 +102,7 @@ class Part:
     health_url: str
     proc: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
+    next_start: float = 0.0  # when a part that died is started again (0: running)
 
 
 class FleetUp:
@@ -133,6 +134,7 @@ class FleetUp:
         self.echo = echo
         self.parts: list[Part] = []
         self.stopping = False
+        self.example_gpu: tuple[str, int] | None = None  # a GPU of this fleet, for the banner
 
     # start
 
@@ -262,6 +264,10 @@ class FleetUp:
                 break
             time.sleep(0.2)
         classes = sorted({c for n in nodes for c in n["gpu_classes"]})
+        with_gpus = [n for n in nodes if n["gpus"]["total"]]
+        if with_gpus:
+            # The last card of the last node: the demo models are placed on the fullest first.
+            self.example_gpu = (with_gpus[-1]["name"], with_gpus[-1]["gpus"]["total"] - 1)
         if not classes:
             self.echo("  no GPU registered: skipping the demo models")
             return []
@@ -308,33 +314,44 @@ class FleetUp:
             f"api_key='-'); print(c.models.list())\"",
             "  gpuctl replicas          # IDLE: -, 12m, or ≥1h (a lower bound)",
         ]
-        if self.simulated:
-            lines.append("  gpuctl sim gpu-fail ib-a-0 3   # and watch gpuctl status")
+        if self.simulated and self.example_gpu:
+            node, index = self.example_gpu
+            lines.append(f"  gpuctl sim gpu-fail {node} {index}   # and watch gpuctl status")
         lines += ["", "Ctrl-C stops everything."]
         return "\n".join(lines)
 
     # run
 
     def supervise(self) -> int:
-        """Restart a part that dies (a few times a minute at most) until asked to stop."""
+        """Restart a part that dies until asked to stop: at once a few times a minute, then
+        after a pause that doubles (at most a minute). The other parts stay up meanwhile."""
         while not self.stopping:
+            now = time.monotonic()
             for part in self.parts:
-                code = part.proc.poll()
-                if code is None or self.stopping:
+                if self.stopping or part.proc.poll() is None:
                     continue
-                now = time.monotonic()
-                part.restarts = [t for t in part.restarts if now - t < 60] + [now]
-                if len(part.restarts) > RESTARTS_PER_MINUTE:
-                    self.echo(
-                        f"the {part.name} keeps exiting (code {code}); giving up, see "
-                        f"{self.logs / self.log_name(part)}",
-                        err=True,
-                    )
-                    return 1
-                self.echo(f"the {part.name} exited with code {code}; restarting it", err=True)
-                self.launch(part)
+                if not part.next_start:
+                    part.next_start = now + self.pause_before_restart(part, now)
+                if now >= part.next_start:
+                    part.next_start = 0.0
+                    self.launch(part)
             time.sleep(0.3)
         return 0
+
+    def pause_before_restart(self, part: Part, now: float) -> float:
+        code = part.proc.returncode
+        part.restarts = [t for t in part.restarts if now - t < 60] + [now]
+        quick = len(part.restarts) - RESTARTS_PER_MINUTE
+        if quick <= 0:
+            self.echo(f"the {part.name} exited with code {code}; restarting it", err=True)
+            return 0.0
+        pause = min(60.0, 2.0**quick)
+        self.echo(
+            f"the {part.name} keeps exiting (code {code}); next try in {pause:.0f} s, the rest of"
+            f" the fleet stays up; see {self.logs / self.log_name(part)}",
+            err=True,
+        )
+        return pause
 
     def stop(self) -> None:
         self.stopping = True

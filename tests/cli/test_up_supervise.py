@@ -1,0 +1,46 @@
+"""gpuctl up's supervisor: a part that keeps dying is restarted ever more slowly, and the rest
+of the fleet stays up meanwhile."""
+
+import sys
+import threading
+import time
+
+from cli.up import RESTARTS_PER_MINUTE, FleetUp, Part
+
+
+def test_a_part_that_keeps_dying_backs_off_and_the_rest_stays_up(tmp_path):
+    said = []
+    up = FleetUp(
+        tmp_path,
+        ("127.0.0.1", 1),
+        ("127.0.0.1", 2),
+        ("127.0.0.1", 3),
+        simulate=True,
+        fleet_file=None,
+        tick_s=1.0,
+        echo=lambda text, **kw: said.append(text),
+    )
+    for folder in (up.logs, up.pids):
+        folder.mkdir(parents=True)
+    steady = Part("control plane", [sys.executable, "-c", "import time; time.sleep(60)"], "")
+    crashing = Part("router", [sys.executable, "-c", "raise SystemExit(3)"], "")
+    up.parts = [steady, crashing]
+    launches = []
+    launch = up.launch
+    up.launch = lambda part: (launches.append(part.name), launch(part))
+    for part in up.parts:
+        launch(part)
+    supervisor = threading.Thread(target=lambda: said.append(up.supervise()))
+    supervisor.start()
+    time.sleep(8)
+    up.stopping = True
+    supervisor.join(5)
+    try:
+        assert said[-1] == 0, "the supervisor never gives the fleet up"
+        assert steady.proc.poll() is None, "the control plane stayed up"
+        # 5 quick restarts, then pauses of 2 s and 4 s: about 7 in 8 s, never a busy loop.
+        assert RESTARTS_PER_MINUTE <= launches.count("router") <= RESTARTS_PER_MINUTE + 2
+        assert any("next try in 2 s" in line for line in said if isinstance(line, str))
+    finally:
+        up.stop()
+    assert steady.proc.poll() is not None
