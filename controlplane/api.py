@@ -9,9 +9,10 @@ from aiohttp import web
 
 from controlplane.fleet import BadRequest, Conflict, Fleet, NotFound
 from controlplane.idle import ReportError
+from controlplane.metrics import exposition
 from controlplane.model import Schedulable, SpecError, parse_duration
 from controlplane.reconciler import Reconciler
-from controlplane.summary import ROUTER_STATES, model_rows, node_rows, replica_rows, summary
+from controlplane.summary import model_rows, node_rows, replica_rows, summary
 
 FLEET_KEY = web.AppKey("fleet", Fleet)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
@@ -248,45 +249,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    snap = summary(snapshot(request))
-    stats = request.app[STATS_KEY]
-    lines = ["# HELP gpufleet_gpus GPUs by class and state.", "# TYPE gpufleet_gpus gauge"]
-    for gpu_class, counts in snap["capacity"].items():
-        for state in ("used", "free", "unavailable", "unhealthy"):
-            lines.append(
-                f'gpufleet_gpus{{gpu_class="{gpu_class}",state="{state}"}} {counts[state]}'
-            )
-    lines += ["# HELP gpufleet_replicas Replicas by state.", "# TYPE gpufleet_replicas gauge"]
-    for state, count in snap["replicas"]["by_state"].items():
-        lines.append(f'gpufleet_replicas{{state="{state}"}} {count}')
-    lines += [
-        "# HELP gpufleet_nodes_ready Nodes whose heartbeats arrive.",
-        "# TYPE gpufleet_nodes_ready gauge",
-        f"gpufleet_nodes_ready {snap['nodes']['ready']}",
-        "# HELP gpufleet_nodes_not_ready Nodes whose heartbeats stopped.",
-        "# TYPE gpufleet_nodes_not_ready gauge",
-        f"gpufleet_nodes_not_ready {snap['nodes']['not_ready']}",
-        "# HELP gpufleet_routers Routers by state (silent: stopped reporting, may still serve).",
-        "# TYPE gpufleet_routers gauge",
-        *(f'gpufleet_routers{{state="{k}"}} {snap["routers"][k]}' for k in ROUTER_STATES),
-        "# HELP gpufleet_unknown_replicas_by_silence Replicas of unknown use: a silent router"
-        " has them in its table.",
-        "# TYPE gpufleet_unknown_replicas_by_silence gauge",
-        f"gpufleet_unknown_replicas_by_silence {snap['routers']['unknown_replicas']}",
-        "# HELP gpufleet_idle_gpus GPUs held by replicas idle past their threshold.",
-        "# TYPE gpufleet_idle_gpus gauge",
-        f"gpufleet_idle_gpus {snap['idle']['gpus_held']}",
-        "# HELP gpufleet_activity_reports_total Router activity reports accepted.",
-        "# TYPE gpufleet_activity_reports_total counter",
-        f"gpufleet_activity_reports_total {stats['activity_reports']}",
-        "# HELP gpufleet_reconcile_ticks_total Reconciler ticks run.",
-        "# TYPE gpufleet_reconcile_ticks_total counter",
-        f"gpufleet_reconcile_ticks_total {stats['ticks']}",
-        "# HELP gpufleet_route_version Version of the published routing table.",
-        "# TYPE gpufleet_route_version gauge",
-        f"gpufleet_route_version {snap['route_version']}",
-    ]
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    snap = snapshot(request)
+    text = exposition(summary(snap), model_rows(snap), request.app[STATS_KEY])
+    return web.Response(text=text, content_type="text/plain")
 
 
 def build_app(

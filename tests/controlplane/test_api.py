@@ -1,12 +1,14 @@
 """`gpuctl server` as a real process: what it accepts, what it refuses, what survives kill -9."""
 
 import signal
+import urllib.request
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.controlplane.conftest import make_node, spec
-from tests.harness import call, control_plane
+from tests.harness import call, control_plane, wait_until
 
 pytestmark = pytest.mark.integration
 TOKENS = {"admin": "adm-secret", "agent": "agt-secret", "router": "rtr-secret"}
@@ -138,3 +140,42 @@ def test_nothing_accepted_is_lost_to_kill_9(procs, tmp_path):
     assert {r["id"] for r in call("GET", url + "/v1/replicas")[1]["items"]} == {
         r["id"] for r in replicas
     }
+
+
+def test_metrics_are_families_a_dashboard_can_use(server):
+    url, _, _ = server
+    admin = TOKENS["admin"]
+    call("POST", url + "/v1/nodes", make_node("n1", gpus=2), token=TOKENS["agent"])
+    call("POST", url + "/v1/nodes", make_node("n2", gpus=2), token=TOKENS["agent"])
+    call("POST", url + "/v1/nodes/n2/cordon", token=admin)
+    call("POST", url + "/v1/models", spec(name="fits", gpus_per_replica=2), token=admin)
+    call("POST", url + "/v1/models", spec(name="big", gpus_per_replica=4, replicas=2), token=admin)
+
+    def scrape():
+        with urllib.request.urlopen(url + "/metrics") as resp:
+            text = resp.read().decode()
+        return {
+            f.name: {tuple(sorted(s.labels.items())): s.value for s in f.samples}
+            for f in text_string_to_metric_families(text)
+        }
+
+    families = wait_until(
+        lambda: (
+            (m := scrape())["gpufleet_model_replicas"].get(
+                (("model", "big"), ("state", "unplaceable"))
+            )
+            == 2
+            and m
+        ),
+        what="the placement to be tried",
+    )
+    replicas = families["gpufleet_model_replicas"]
+    assert replicas[(("model", "fits"), ("state", "desired"))] == 1
+    assert replicas[(("model", "fits"), ("state", "unplaceable"))] == 0
+    assert replicas[(("model", "big"), ("state", "ready"))] == 0
+    nodes = families["gpufleet_nodes"]
+    assert nodes[(("state", "ready"),)] == 2 and nodes[(("state", "cordoned"),)] == 1
+    gpus = families["gpufleet_gpus"]
+    assert gpus[(("gpu_class", "H100-80GB"), ("state", "unavailable"))] == 2
+    assert gpus[(("gpu_class", "H100-80GB"), ("state", "used"))] == 2
+    assert families["gpufleet_model_idle_gpus"][(("model", "fits"),)] == 0

@@ -1,0 +1,112 @@
+"""The control plane's Prometheus text, from the same snapshot as `gpuctl status`.
+
+Every gauge is a family with labels (`state`, `model`, `gpu_class`) rather than one name per
+state, so dashboards sum and filter them. Label values are escaped as the format asks.
+"""
+
+from __future__ import annotations
+
+from controlplane.summary import ROUTER_STATES
+
+NODE_STATES = ("ready", "not_ready", "cordoned", "draining")
+GPU_STATES = ("used", "free", "unavailable", "unhealthy")
+NOT_PLACED = ("Stopping", "Failed")  # replicas that do not count towards what is placed
+
+
+def escape(value) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def family(name: str, kind: str, help_text: str, samples) -> list[str]:
+    """`samples`: (labels as a dict, value) pairs."""
+    out = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        text = ",".join(f'{k}="{escape(v)}"' for k, v in labels.items())
+        out.append(f"{name}{{{text}}} {value}" if text else f"{name} {value}")
+    return out
+
+
+def model_samples(models: list[dict]) -> list[tuple[dict, int]]:
+    samples = []
+    for m in models:
+        placed = sum(n for state, n in m["replicas_by_state"].items() if state not in NOT_PLACED)
+        unplaceable = max(0, m["desired"] - placed) if m["reason"] else 0
+        for state, count in (("desired", m["desired"]), ("ready", m["ready"])):
+            samples.append(({"model": m["name"], "state": state}, count))
+        samples.append(({"model": m["name"], "state": "unplaceable"}, unplaceable))
+    return samples
+
+
+def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
+    """`numbers`: the summary; `models`: the model rows; `stats`: the server's counters."""
+    idle_by_model: dict[str, int] = {m["name"]: 0 for m in models}
+    for replica in numbers["idle"]["replicas"]:
+        idle_by_model[replica["model"]] = idle_by_model.get(replica["model"], 0) + replica["gpus"]
+    out = family(
+        "gpufleet_gpus",
+        "gauge",
+        "GPUs by class and state (unavailable: healthy and unheld on a node that takes no work).",
+        (
+            ({"gpu_class": gpu_class, "state": state}, counts[state])
+            for gpu_class, counts in numbers["capacity"].items()
+            for state in GPU_STATES
+        ),
+    )
+    out += family(
+        "gpufleet_nodes",
+        "gauge",
+        "Nodes by state (cordoned and draining count Ready and NotReady nodes alike).",
+        (({"state": state}, numbers["nodes"][state]) for state in NODE_STATES),
+    )
+    out += family(
+        "gpufleet_replicas",
+        "gauge",
+        "Replicas by state.",
+        (({"state": s}, n) for s, n in numbers["replicas"]["by_state"].items()),
+    )
+    out += family(
+        "gpufleet_model_replicas",
+        "gauge",
+        "Replicas per model: desired, ready, and those that cannot be placed.",
+        model_samples(models),
+    )
+    out += family(
+        "gpufleet_model_idle_gpus",
+        "gauge",
+        "GPUs held by a model's replicas idle past its idle_after.",
+        (({"model": model}, gpus) for model, gpus in sorted(idle_by_model.items())),
+    )
+    out += family(
+        "gpufleet_idle_gpus",
+        "gauge",
+        "GPUs held by replicas idle past their threshold.",
+        [({}, numbers["idle"]["gpus_held"])],
+    )
+    out += family(
+        "gpufleet_routers",
+        "gauge",
+        "Routers by state (silent: stopped reporting, may still serve).",
+        (({"state": state}, numbers["routers"][state]) for state in ROUTER_STATES),
+    )
+    out += family(
+        "gpufleet_unknown_replicas_by_silence",
+        "gauge",
+        "Replicas of unknown use: a silent router has them in its table.",
+        [({}, numbers["routers"]["unknown_replicas"])],
+    )
+    out += family(
+        "gpufleet_activity_reports_total",
+        "counter",
+        "Router activity reports accepted.",
+        [({}, stats["activity_reports"])],
+    )
+    out += family(
+        "gpufleet_reconcile_ticks_total", "counter", "Reconciler ticks run.", [({}, stats["ticks"])]
+    )
+    out += family(
+        "gpufleet_route_version",
+        "gauge",
+        "Version of the published routing table.",
+        [({}, numbers["route_version"])],
+    )
+    return "\n".join(out) + "\n"

@@ -1,0 +1,48 @@
+"""docs/grafana-dashboard.json asks only for series that gpufleet exports."""
+
+import json
+import re
+from pathlib import Path
+
+from controlplane.fleet import FleetSnapshot
+from controlplane.metrics import exposition
+from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
+from controlplane.summary import model_rows, summary
+from router import fastpath_py
+from router.metrics import RouterMetrics, merge, render
+
+DASHBOARD = Path(__file__).parent.parent / "docs" / "grafana-dashboard.json"
+METRIC = re.compile(r"\b(?:gpufleet|gpurouter)_[a-z_]+")
+
+
+def exported_names() -> set[str]:
+    node = Node("n1", "10.0.0.1", "ib-a", [GPU(0, "GPU-0", "H100-80GB")])
+    replica = Replica("m-1", "m", [Slice("n1", [0])], state=ReplicaState.READY)
+    spec = ModelSpec(name="m", gpu_class="H100-80GB", command=["x"])
+    snap = FleetSnapshot([node], [replica], [spec], {}, {}, now=1e6)
+    text = exposition(summary(snap), model_rows(snap), {"activity_reports": 0, "ticks": 0})
+    metrics = RouterMetrics()
+    stats = metrics.model("m")
+    stats.finished(200, 0.1)
+    stats.first_token.observe(0.05)
+    metrics.upstream_error("m", "reset")
+    metrics.ejected("m", "r1")
+    table = fastpath_py.EndpointTable()
+    table.update({"m": [("r1", "http://127.0.0.1:1")]})
+    text += render(merge([metrics.state()]), table, []).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+
+
+def test_every_query_names_an_exported_series():
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [
+        v["query"]["query"]
+        for v in dashboard["templating"]["list"]
+        if "query" in v and isinstance(v["query"], dict)
+    ]
+    asked = {name for expr in exprs for name in METRIC.findall(expr)}
+    assert asked, "the dashboard asks for nothing"
+    missing = asked - exported_names()
+    assert not missing, f"the dashboard asks for series nobody exports: {sorted(missing)}"
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
