@@ -13,6 +13,13 @@ from sim.engine import EngineSettings, Faults, serve
 @click.option("--tokens-per-s", default=0.0, show_default=True, help="0: as fast as possible.")
 @click.option("--output-tokens", default=16, show_default=True)
 @click.option(
+    "--startup-delay",
+    "startup_s",
+    default=0.0,
+    show_default=True,
+    help="Seconds spent 'loading weights': /health answers 503 meanwhile.",
+)
+@click.option(
     "--adapter", "adapters", multiple=True, help="A LoRA adapter of the first model (repeatable)."
 )
 @click.option("--error-rate", default=0.0, show_default=True, help="Share answered 500.")
@@ -31,6 +38,7 @@ def sim_engine(
     ttft_s,
     tokens_per_s,
     output_tokens,
+    startup_s,
     adapters,
     error_rate,
     hang,
@@ -49,6 +57,7 @@ def sim_engine(
         tokens_per_s=tokens_per_s,
         output_tokens=output_tokens,
         adapters=list(adapters),
+        startup_s=startup_s,
         faults=faults,
     )
     uvloop.run(serve(settings, host, port))

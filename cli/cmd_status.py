@@ -87,6 +87,16 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
         return f"{section['total']}" + (f" ({', '.join(parts)})" if parts else "")
 
     out.append(f"MODELS    {counts(s['models'])}")
+    asleep = s.get("scaled_to_zero", {})
+    if asleep.get("models") or asleep.get("waking"):
+        waking = asleep.get("waking", {})
+        line = (
+            f"          {asleep['models']} scaled to zero, {asleep['gpus_held']} GPU(s) still held"
+            " (retiring)"
+        )
+        if waking:
+            line += f"; {len(waking)} waking: {sum(waking.values())} request(s) waiting"
+        out.append(line)
     out.append(f"REPLICAS  {counts(s['replicas'])}")
     r = s.get("routers", {})
     if r.get("live") or r.get("silent"):

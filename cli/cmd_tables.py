@@ -73,11 +73,13 @@ def gpus_per_replica(m: dict) -> str:
 
 
 def model_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
-    headers = ["NAME", "CLASS", "GPUS", "READY", "STATE"]
+    headers = ["NAME", "CLASS", "GPUS", "SCALE", "STATE"]
     headers += ["NODES/REPLICA", "IDLE AFTER", "GEN", "REASON"] if wide else ["REASON"]
     rows = []
     for m in items:
-        row = [m["name"], m["gpu_class"], gpus_per_replica(m), f"{m['ready']}/{m['desired']}"]
+        # SCALE: ready / kept now (fewer than the spec's while scaled down) / the floor
+        scale = f"{m['ready']}/{m['desired']}/{m['min_replicas']}"
+        row = [m["name"], m["gpu_class"], gpus_per_replica(m), scale]
         row.append(m["state"])
         if wide:
             row += [m["nodes_per_replica"], duration(m["idle_after_s"]), m["generation"]]
@@ -152,7 +154,8 @@ def describe_model(m: dict, wide: bool) -> str:
     spec = m["spec"]
     lines = [
         f"NAME         {m['name']}",
-        f"STATE        {m['state']}   READY {m['ready']}/{m['desired']}",
+        f"STATE        {m['state']}   READY {m['ready']}/{m['desired']}"
+        f" (spec {m['replicas']}, min {m['min_replicas']})",
         f"GPUS         {gpus_per_replica(m)} {m['gpu_class']} per replica",
         f"IDLE AFTER   {duration(m['idle_after_s'])}",
         f"GENERATION   {m['generation']}",

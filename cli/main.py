@@ -9,6 +9,7 @@ from cli.cmd_server import server
 from cli.cmd_sim import sim
 from cli.cmd_sim_engine import sim_engine
 from cli.cmd_status import status
+from cli.cmd_stop_idle import stop_idle
 from cli.cmd_tables import models, nodes, replicas
 from cli.cmd_up import up
 from cli.context import Context
@@ -46,6 +47,7 @@ for command in (
     replicas,
     models,
     routers,
+    stop_idle,
     apply,
     delete,
     scale,

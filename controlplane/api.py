@@ -10,8 +10,9 @@ from aiohttp import web
 from controlplane.fleet import BadRequest, Conflict, Fleet, NotFound
 from controlplane.idle import ReportError
 from controlplane.metrics import exposition
-from controlplane.model import Schedulable, SpecError, parse_duration
+from controlplane.model import ReplicaState, Schedulable, SpecError, parse_duration
 from controlplane.reconciler import Reconciler
+from controlplane.scaling import plan_stop_idle
 from controlplane.summary import model_rows, node_rows, replica_rows, summary
 
 FLEET_KEY = web.AppKey("fleet", Fleet)
@@ -96,6 +97,60 @@ async def get_routes(request: web.Request) -> web.Response:
         ) from None
     table = request.app[RECONCILER_KEY].routes
     return json_response(await table.wait_for_change(after, wait))
+
+
+async def post_demand(request: web.Request) -> web.Response:
+    """A router holds requests for a model with no ready replica: wake it if it sleeps, and
+    say at once when it cannot be placed (the router then answers its requests with why)."""
+    require(request, "router")
+    body = await body_of(request)
+    model, waiting = body.get("model") if isinstance(body, dict) else None, body.get("waiting", 1)
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "model: required, a string", "invalid_request", "model")
+    if isinstance(waiting, bool) or not isinstance(waiting, int) or waiting < 0:
+        raise ApiError(400, "waiting: a non-negative integer", "invalid_request", "waiting")
+    fleet = request.app[FLEET_KEY]
+    spec = fleet.demand(model, waiting)
+    if fleet.changed:
+        request.app[RECONCILER_KEY].tick()  # place it now: the answer carries the outcome
+        request.app[STATS_KEY]["ticks"] += 1
+    ready = sum(
+        1 for r in fleet.replicas.values() if r.model == model and r.state == ReplicaState.READY
+    )
+    return json_response(
+        {
+            "model": model,
+            "desired": fleet.desired(spec),
+            "ready": ready,
+            "reason": fleet.reasons.get(model, ""),
+        }
+    )
+
+
+async def stop_idle(request: web.Request) -> web.Response:
+    """`gpuctl stop-idle`: the scale-down rules, once, on an operator's word."""
+    require(request, "admin")
+    body = await body_of(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "expected a JSON object", "invalid_request")
+    try:
+        idle_after = (
+            parse_duration(body["idle_after"], "idle_after") if body.get("idle_after") else None
+        )
+    except SpecError as exc:
+        raise ApiError(400, str(exc), "invalid_request", "idle_after") from None
+    models = body.get("models") or []
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise ApiError(400, "models: a list of model names", "invalid_request", "models")
+    fleet = request.app[FLEET_KEY]
+    for name in models:
+        fleet.spec(name)  # 404 for a model that does not exist
+    outcome = plan_stop_idle(fleet, models, idle_after, dry_run=bool(body.get("dry_run")))
+    if not body.get("dry_run"):
+        reconciler = request.app[RECONCILER_KEY]
+        reconciler.stops["operator"] = reconciler.stops.get("operator", 0) + len(outcome["stopped"])
+        wake(request)
+    return json_response(outcome)
 
 
 async def list_routers(request: web.Request) -> web.Response:
@@ -250,7 +305,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     snap = snapshot(request)
-    text = exposition(summary(snap), model_rows(snap), request.app[STATS_KEY])
+    stats = {**request.app[STATS_KEY], "stops": request.app[RECONCILER_KEY].stops}
+    text = exposition(summary(snap), model_rows(snap), stats)
     return web.Response(text=text, content_type="text/plain")
 
 
@@ -268,6 +324,8 @@ def build_app(
     r.add_get("/metrics", metrics)
     r.add_get("/v1/routes", get_routes)
     r.add_post("/v1/activity", post_activity)
+    r.add_post("/v1/demand", post_demand)
+    r.add_post("/v1/stop-idle", stop_idle)
     r.add_get("/v1/routers", list_routers)
     r.add_delete("/v1/routers/{id}", forget_router)
     r.add_post("/v1/nodes", register_node)

@@ -56,6 +56,8 @@ class FleetSnapshot:
     route_version: int = 0
     routers: list[dict] = field(default_factory=list)
     unknown_by_silence: set[str] = field(default_factory=set)  # replicas a silent router has
+    desired: dict[str, int] = field(default_factory=dict)  # model -> replicas kept now
+    waiting: dict[str, int] = field(default_factory=dict)  # model -> requests held by routers
 
 
 REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopping", "Stopped"}
@@ -79,6 +81,11 @@ class Fleet:
             self._index(replica)
         self.reasons: dict[str, str] = {}
         self.events: dict[str, deque] = {}
+        # model -> replicas kept now, when idleness brought it below its spec's `replicas`
+        self.scaled: dict[str, int] = store.load_scaled()
+        # model -> when requests last woke it: a wake counts as a use of the model, so what
+        # woke is not stopped again before it had the time to serve them
+        self.woken_at: dict[str, float] = {}
         routers, gaps = store.load_routers()
         self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
         started = clock()
@@ -119,6 +126,7 @@ class Fleet:
             return spec, outcome
         self.store.put_spec(spec)
         self.specs[spec.name] = spec
+        self.set_scaled(spec.name, None)
         self.changed = True
         self.event(spec.name, f"spec {outcome} (generation {spec.generation})")
         return spec, outcome
@@ -129,6 +137,7 @@ class Fleet:
         del self.specs[name]
         self.reasons.pop(name, None)
         self.events.pop(name, None)
+        self.scaled.pop(name, None)
         self.changed = True
         return spec
 
@@ -145,6 +154,7 @@ class Fleet:
         )
         self.store.put_spec(updated)
         self.specs[name] = updated
+        self.set_scaled(name, None)
         self.changed = True
         self.event(name, f"scaled from {spec.replicas} to {replicas} replica(s)")
         return updated
@@ -226,6 +236,8 @@ class Fleet:
             return  # an agent's leftover: it is not assigned, the agent will stop it
         if replica.state in (ReplicaState.STOPPING, ReplicaState.FAILED):
             return
+        if replica.state == ReplicaState.RETIRING and report["state"] not in ("Failed", "Stopped"):
+            return  # Ready as far as its agent knows; retiring as far as the fleet goes
         leader = replica.placement[0].node == node.name
         state = report["state"]
         if state == "Failed" or (state == "Stopped" and replica.state != ReplicaState.STOPPING):
@@ -312,6 +324,48 @@ class Fleet:
         for node in replica.nodes:
             self.on_node.setdefault(node, {})[replica.id] = None
 
+    # acting on idle
+
+    def desired(self, spec: ModelSpec) -> int:
+        """Replicas to keep now: the spec's, or fewer while idleness has scaled it down."""
+        return min(spec.replicas, self.scaled.get(spec.name, spec.replicas))
+
+    def set_scaled(self, model: str, replicas: int | None) -> None:
+        """Keep `replicas` of `model` for now (None: as its spec says)."""
+        if self.scaled.get(model) == replicas:
+            return
+        if replicas is None:
+            self.scaled.pop(model, None)
+        else:
+            self.scaled[model] = replicas
+        self.store.put_scaled(model, replicas)
+        self.changed = True
+
+    def retire(self, replica: Replica, why: str) -> None:
+        """Stop an idle replica safely: its route goes now; it stops once no router holds it."""
+        spec = self.specs[replica.model]
+        self.set_scaled(replica.model, self.desired(spec) - 1)
+        self.set_replica_state(replica, ReplicaState.RETIRING, why)
+
+    def demand(self, model: str, waiting: int) -> ModelSpec:
+        """A router holds `waiting` requests for `model`, which has no ready replica. A model
+        scaled down to zero wakes: back to max(min_replicas, 1), a retiring replica first."""
+        spec = self.spec(model)
+        if spec.replicas == 0 or self.desired(spec) > 0:
+            return spec  # at zero by the operator's word, or already on its way
+        self.woken_at[model] = self.wall()
+        target = max(spec.floor, 1)
+        retiring = [
+            r
+            for r in self.replicas.values()
+            if r.model == model and r.state == ReplicaState.RETIRING
+        ]
+        for replica in retiring[:target]:
+            self.set_replica_state(replica, ReplicaState.READY, "woken before it stopped")
+        self.set_scaled(model, target)
+        self.event(model, f"woken by {waiting} waiting request(s): {target} replica(s)")
+        return spec
+
     def set_reason(self, model: str, reason: str) -> None:
         """Why some of `model`'s replicas cannot be placed ("" once they all are)."""
         before = self.reasons.get(model, "")
@@ -372,6 +426,8 @@ class Fleet:
             idle=self.idle.idle_map([r.id for r in replicas]),
             routers=self.idle.router_rows(),
             unknown_by_silence=self.idle.unknown_because_silent([r.id for r in replicas]),
+            desired={name: self.desired(spec) for name, spec in self.specs.items()},
+            waiting=self.idle.waiting(),
             now=self.wall(),
             route_version=route_version,
         )

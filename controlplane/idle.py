@@ -55,7 +55,8 @@ class Router:
     watch_origin: dict[str, float]  # replica -> since when this identity watched it, no gap
     goodbye: bool = False
     route_version: int = -1
-    in_flight: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)  # replica -> requests on it now
+    waiting: dict[str, int] = field(default_factory=dict)  # model -> requests parked for it
     # The watch a predecessor that said goodbye handed on, for replicas this incarnation has
     # not reported yet (its first report can come before its routing table).
     inherited: dict[str, float] = field(default_factory=dict)
@@ -83,7 +84,8 @@ class Router:
 
     @classmethod
     def from_dict(cls, body: dict) -> Router:
-        return cls(**body)
+        # Requests in flight and waiting are news of the moment: not kept across restarts.
+        return cls(**{**body, "in_flight": {}, "waiting": {}})
 
 
 @dataclass
@@ -95,7 +97,8 @@ class Report:
     watched: dict[str, float]
     goodbye: bool = False
     route_version: int = -1
-    in_flight: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)  # model -> requests parked
 
 
 class ReportError(ValueError):
@@ -123,9 +126,6 @@ def parse_report(body) -> Report:
     version = body.get("route_version", -1)
     if isinstance(version, bool) or not isinstance(version, int):
         raise ReportError("route_version", "an integer")
-    in_flight = body.get("in_flight", 0)
-    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 0:
-        raise ReportError("in_flight", "a non-negative integer")
     return Report(
         router,
         incarnation,
@@ -134,8 +134,18 @@ def parse_report(body) -> Report:
         _seconds_map(body, "watched"),
         goodbye,
         version,
-        in_flight,
+        _count_map(body, "in_flight"),
+        _count_map(body, "waiting"),
     )
+
+
+def _count_map(body: dict, name: str) -> dict[str, int]:
+    value = body.get(name, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value.values()
+    ):
+        raise ReportError(name, "a map of name to a non-negative count")
+    return value
 
 
 def _seconds_map(body: dict, name: str) -> dict[str, float]:
@@ -208,6 +218,7 @@ class IdleTracker:
         router = self.routers[report.router]
         router.route_version = report.route_version
         router.in_flight = report.in_flight
+        router.waiting = report.waiting
         return report
 
     def _successor(self, before: Router | None, report: Report, now: float, started: float):
@@ -297,10 +308,43 @@ class IdleTracker:
                     ),
                     "replicas_watched": len(router.watch_origin),
                     "route_version": router.route_version,
-                    "in_flight": router.in_flight,
+                    "in_flight": sum(router.in_flight.values()),
                 }
             )
         return rows
+
+    def still_held(self, replica: str) -> str:
+        """Why `replica` cannot be stopped yet ("" when no router holds it): a router that
+        may route to it or has requests on it. Its route must be withdrawn first."""
+        now = self.clock()
+        for router in self.routers.values():
+            state = router.state(now, self.live_window_s)
+            if state is RouterState.GONE:
+                continue
+            if state is RouterState.SILENT and replica in router.watch_origin:
+                return f"silent router {router.id} may still route to it"
+            if replica in router.watch_origin:
+                return f"router {router.id} has not dropped its route yet"
+            if router.in_flight.get(replica):
+                return f"router {router.id} has {router.in_flight[replica]} request(s) on it"
+        return ""
+
+    def waiting(self) -> dict[str, int]:
+        """model -> requests live routers hold for it, waiting for a replica."""
+        total: dict[str, int] = {}
+        for router in self.live_routers():
+            for model, count in router.waiting.items():
+                total[model] = total.get(model, 0) + count
+        return total
+
+    def silent_holders(self, replicas) -> dict[str, str]:
+        """replica -> a silent router that has it in its table."""
+        silent = self.silent_routers()
+        return {
+            r: next(s.id for s in silent if r in s.watch_origin)
+            for r in replicas
+            if any(r in s.watch_origin for s in silent)
+        }
 
     def forget_replica(self, replica: str) -> None:
         self.last_used_at.pop(replica, None)

@@ -101,6 +101,18 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
         [({}, stats["activity_reports"])],
     )
     out += family(
+        "gpufleet_idle_stops_total",
+        "counter",
+        "Replicas stopped for being idle, by who decided (idle: scale_to_zero_after).",
+        (({"by": by}, stats.get("stops", {}).get(by, 0)) for by in ("idle", "operator")),
+    )
+    out += family(
+        "gpufleet_model_waiting_requests",
+        "gauge",
+        "Requests routers hold for a model with no ready replica (it is waking).",
+        (({"model": m}, n) for m, n in sorted(numbers.get("waiting", {}).items())),
+    )
+    out += family(
         "gpufleet_reconcile_ticks_total", "counter", "Reconciler ticks run.", [({}, stats["ticks"])]
     )
     out += family(

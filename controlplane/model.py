@@ -15,6 +15,7 @@ class ReplicaState(StrEnum):
     STARTING = "Starting"
     READY = "Ready"
     UNHEALTHY = "Unhealthy"
+    RETIRING = "Retiring"  # idle, its route withdrawn: stopped once no router holds it
     STOPPING = "Stopping"
     FAILED = "Failed"
 
@@ -25,6 +26,7 @@ HOLDING = {
     ReplicaState.STARTING,
     ReplicaState.READY,
     ReplicaState.UNHEALTHY,
+    ReplicaState.RETIRING,
     ReplicaState.STOPPING,
 }
 
@@ -103,9 +105,16 @@ class ModelSpec:
     health_path: str = "/health"
     idle_after_s: float = 1800.0
     generation: int = 0
+    min_replicas: int | None = None  # None: `replicas`, never scaled down on idle
+    scale_to_zero_after_s: float | None = None  # idle this long: scaled towards min_replicas
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def floor(self) -> int:
+        """The fewest replicas idleness may leave running."""
+        return self.replicas if self.min_replicas is None else self.min_replicas
 
 
 @dataclass
@@ -174,6 +183,9 @@ SPEC_FIELDS = {
     "idle_after",
     "idle_after_s",
     "generation",
+    "min_replicas",
+    "scale_to_zero_after",
+    "scale_to_zero_after_s",
 }
 
 
@@ -249,15 +261,28 @@ def validate_spec(body) -> ModelSpec:
     generation = body.get("generation", 0)
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
         raise SpecError("generation", "must be a non-negative integer")
+    replicas = _positive_int(body, "replicas", 1, allow_zero=True)
+    min_replicas = None
+    if body.get("min_replicas") is not None:
+        min_replicas = _positive_int(body, "min_replicas", 0, allow_zero=True)
+        if min_replicas > replicas:
+            raise SpecError("min_replicas", f"must not exceed replicas ({replicas})")
+    if "scale_to_zero_after" in body and "scale_to_zero_after_s" in body:
+        raise SpecError("scale_to_zero_after", "give scale_to_zero_after or _s, not both")
+    scale_after = body.get("scale_to_zero_after", body.get("scale_to_zero_after_s"))
+    if scale_after is not None:
+        scale_after = parse_duration(scale_after, "scale_to_zero_after")
     return ModelSpec(
         name=name,
         gpu_class=gpu_class,
         command=list(command),
         gpus_per_replica=_positive_int(body, "gpus_per_replica", 1),
         nodes_per_replica=_positive_int(body, "nodes_per_replica", 1),
-        replicas=_positive_int(body, "replicas", 1, allow_zero=True),
+        replicas=replicas,
         env=dict(env),
         health_path=health_path,
         idle_after_s=parse_duration(idle, "idle_after"),
         generation=generation,
+        min_replicas=min_replicas,
+        scale_to_zero_after_s=scale_after,
     )

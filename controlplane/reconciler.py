@@ -12,8 +12,10 @@ import asyncio
 import time
 
 from controlplane.fleet import Fleet
+from controlplane.idle import IdleState
 from controlplane.model import ReplicaState, Schedulable, gpu_faults
 from controlplane.placement import Placer
+from controlplane.scaling import plan_idle_stops
 
 LIVE = {ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY}
 
@@ -63,6 +65,7 @@ class Reconciler:
         self.routes = routes or RouteTable()
         self.node_timeout_s = node_timeout_s
         self.failed_retention_s = failed_retention_s
+        self.stops: dict[str, int] = {}  # replicas stopped for being idle, by who decided
 
     def tick(self) -> None:
         fleet = self.fleet
@@ -71,8 +74,10 @@ class Reconciler:
             self._expire_failed()
             placer = Placer(list(fleet.nodes.values()), fleet.held_gpus())
             for spec in list(fleet.specs.values()):
+                self._scale_down_idle(spec)
                 self._reconcile_model(spec, placer)
             self._stop_orphans()
+            self._stop_retired()
             fleet.flush_activity()
         self.routes.publish(self._routing_table())
         # What this tick changed it has acted on; only news from outside wakes it again.
@@ -92,7 +97,7 @@ class Reconciler:
             for replica in list(fleet.replicas.values()):
                 if node.name not in replica.nodes:
                     continue
-                if replica.state == ReplicaState.STOPPING:
+                if replica.state in (ReplicaState.STOPPING, ReplicaState.RETIRING):
                     fleet.remove_replica(replica.id)
                 elif replica.state in LIVE:
                     fleet.set_replica_state(
@@ -121,7 +126,8 @@ class Reconciler:
         staying = [r for r in mine if not draining.intersection(r.nodes) and r.id not in degraded]
         leaving = [r for r in mine if draining.intersection(r.nodes)]
         replaced = [r for r in mine if r.id in degraded and not draining.intersection(r.nodes)]
-        missing = spec.replicas - len(staying)
+        desired = fleet.desired(spec)
+        missing = desired - len(staying)
         if missing > 0:
             outcome = placer.place(spec, missing)
             for placement in outcome.placements:
@@ -129,7 +135,7 @@ class Reconciler:
             fleet.set_reason(spec.name, outcome.reason)
         else:
             fleet.set_reason(spec.name, "")
-        extra = len(staying) - spec.replicas
+        extra = len(staying) - desired
         if extra > 0:
             # Stop the least useful first: not ready, then the longest idle, then the newest.
             idle = fleet.idle.idle_map([r.id for r in staying])
@@ -146,20 +152,58 @@ class Reconciler:
         # Replicas on draining nodes go once their replacements are ready, or at once when no
         # replacement fits (the drain goes on; the model's reason tells the operator why).
         ready_staying = sum(1 for r in staying if r.state == ReplicaState.READY)
-        if leaving and (ready_staying >= spec.replicas or spec.name in fleet.reasons):
+        if leaving and (ready_staying >= desired or spec.name in fleet.reasons):
             for replica in leaving:
                 fleet.set_replica_state(replica, ReplicaState.STOPPING, "node draining")
-        if replaced and ready_staying >= spec.replicas:
+        if replaced and ready_staying >= desired:
             for replica in replaced:
                 why = "; ".join(gpu_faults(replica, fleet.nodes))
                 fleet.set_replica_state(replica, ReplicaState.STOPPING, f"replaced: {why}")
+
+    def _scale_down_idle(self, spec) -> None:
+        """Models with `scale_to_zero_after`: replicas idle that long go, down to min_replicas."""
+        fleet = self.fleet
+        if spec.scale_to_zero_after_s is None:
+            return
+        may_stop = fleet.desired(spec) - spec.floor
+        woke = fleet.woken_at.get(spec.name)
+        if may_stop <= 0 or (woke and fleet.wall() - woke < spec.scale_to_zero_after_s):
+            return
+        ready = [
+            r
+            for r in fleet.replicas.values()
+            if r.model == spec.name and r.state == ReplicaState.READY
+        ]
+        idle = fleet.idle.idle_map([r.id for r in ready])
+        plan = plan_idle_stops(ready, idle, spec.scale_to_zero_after_s, may_stop, {})
+        for replica in plan.stop:
+            seconds, state = idle[replica.id]
+            bound = "≥" if state == IdleState.AT_LEAST else ""
+            fleet.retire(replica, f"idle {bound}{round(seconds)}s; route withdrawn")
+            self.stops["idle"] = self.stops.get("idle", 0) + 1
+
+    def _stop_retired(self) -> None:
+        """A retiring replica stops once no router may route to it or has a request on it;
+        until then its reason says which router holds it (a silent one blocks the stop)."""
+        fleet = self.fleet
+        for replica in list(fleet.replicas.values()):
+            if replica.state != ReplicaState.RETIRING:
+                continue
+            held = fleet.idle.still_held(replica.id)
+            if not held:
+                fleet.set_replica_state(replica, ReplicaState.STOPPING, "idle: no router holds it")
+            elif not replica.reason.endswith(held):
+                reason = replica.reason.split("; waiting: ")[0]
+                fleet.set_replica_state(
+                    replica, ReplicaState.RETIRING, f"{reason}; waiting: {held}"
+                )
 
     def _stop_orphans(self) -> None:
         fleet = self.fleet
         for replica in list(fleet.replicas.values()):
             if replica.model in fleet.specs:
                 continue
-            if replica.state in LIVE:
+            if replica.state in LIVE or replica.state == ReplicaState.RETIRING:
                 fleet.set_replica_state(replica, ReplicaState.STOPPING, "model deleted")
             elif replica.state == ReplicaState.FAILED:
                 fleet.remove_replica(replica.id)

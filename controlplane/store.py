@@ -29,6 +29,8 @@ class Store(Protocol):
     def delete_replica(self, replica_id: str) -> None: ...
     def put_last_used(self, last_used: dict[str, float]) -> None: ...
     def load_routers(self) -> tuple[list[dict], dict[str, float]]: ...
+    def load_scaled(self) -> dict[str, int]: ...
+    def put_scaled(self, model: str, replicas: int | None) -> None: ...
     def put_routers(self, routers: list[dict], removed: list[str], gaps: dict) -> None: ...
     def close(self) -> None: ...
 
@@ -44,6 +46,9 @@ MIGRATIONS = [
     """
     CREATE TABLE routers (id TEXT PRIMARY KEY, body BLOB NOT NULL);
     CREATE TABLE unseen_until (replica TEXT PRIMARY KEY, at REAL NOT NULL);
+    """,
+    """
+    CREATE TABLE scaled (model TEXT PRIMARY KEY, replicas INTEGER NOT NULL);
     """,
 ]
 
@@ -121,6 +126,7 @@ class SqliteStore:
     def delete_spec(self, name: str) -> None:
         with self.batch():
             self.db.execute("DELETE FROM specs WHERE name = ?", (name,))
+            self.db.execute("DELETE FROM scaled WHERE model = ?", (name,))
 
     def put_node(self, node: Node) -> None:
         with self.batch():
@@ -151,6 +157,17 @@ class SqliteStore:
         routers = [orjson.loads(body) for (body,) in self.db.execute("SELECT body FROM routers")]
         gaps = dict(self.db.execute("SELECT replica, at FROM unseen_until"))
         return routers, gaps
+
+    def load_scaled(self) -> dict[str, int]:
+        """Models running fewer replicas than their spec asks, because they were idle."""
+        return dict(self.db.execute("SELECT model, replicas FROM scaled"))
+
+    def put_scaled(self, model: str, replicas: int | None) -> None:
+        with self.batch():
+            if replicas is None:
+                self.db.execute("DELETE FROM scaled WHERE model = ?", (model,))
+            else:
+                self.db.execute("INSERT OR REPLACE INTO scaled VALUES (?, ?)", (model, replicas))
 
     def put_routers(self, routers: list[dict], removed: list[str], gaps: dict) -> None:
         with self.batch():

@@ -112,9 +112,11 @@ def replica_rows(snap: FleetSnapshot) -> list[dict]:
     return rows
 
 
-def model_state(desired: int, ready: int, reason: str) -> str:
+def model_state(desired: int, ready: int, reason: str, waiting: int = 0) -> str:
     if desired == 0:
         return "ScaledToZero"
+    if ready == 0 and waiting and not reason:
+        return "Waking"
     if reason and ready == 0:
         return "Unplaceable"
     if ready >= desired:
@@ -131,16 +133,22 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
         states = Counter(str(r.state) for r in mine)
         ready = states.get(str(ReplicaState.READY), 0)
         reason = snap.reasons.get(spec.name, "")
+        desired = snap.desired.get(spec.name, spec.replicas)
+        waiting = snap.waiting.get(spec.name, 0)
         rows.append(
             {
                 "name": spec.name,
                 "gpu_class": spec.gpu_class,
                 "gpus_per_replica": spec.gpus_per_replica,
                 "nodes_per_replica": spec.nodes_per_replica,
-                "desired": spec.replicas,
+                "desired": desired,
+                "replicas": spec.replicas,
+                "min_replicas": spec.floor,
+                "scale_to_zero_after_s": spec.scale_to_zero_after_s,
+                "waiting": waiting,
                 "ready": ready,
                 "replicas_by_state": dict(sorted(states.items())),
-                "state": model_state(spec.replicas, ready, reason),
+                "state": model_state(desired, ready, reason, waiting),
                 "reason": reason,
                 "idle_after_s": spec.idle_after_s,
                 "generation": spec.generation,
@@ -214,6 +222,14 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             "total": len(models),
             "by_state": dict(sorted(Counter(r["state"] for r in models).items())),
         },
+        "scaled_to_zero": {
+            "models": sum(r["state"] == "ScaledToZero" and r["replicas"] > 0 for r in models),
+            "gpus_held": sum(
+                r["gpus"] for r in replicas if r["state"] == str(ReplicaState.RETIRING)
+            ),
+            "waking": {r["name"]: r["waiting"] for r in models if r["state"] == "Waking"},
+        },
+        "waiting": dict(snap.waiting),
         "unplaceable": [
             {
                 "model": r["name"],

@@ -122,6 +122,7 @@ cdef class EndpointTable:
     cdef int32_t* _model_slots
     cdef dict _model_index
     cdef list _ids
+    cdef list _gone_ids      # the id a retired slot had, while requests may still be on it
     cdef list _urls
     cdef list _model_names
     cdef object _update_lock
@@ -162,6 +163,7 @@ cdef class EndpointTable:
         self.max_in_flight = max_in_flight
         self._model_index = {}
         self._ids = []
+        self._gone_ids = []
         self._urls = []
         self._model_names = []
         self._update_lock = threading.Lock()
@@ -356,6 +358,7 @@ cdef class EndpointTable:
         names = list(wanted)
         ids = list(self._ids)
         urls = list(self._urls)
+        gone_ids = list(self._gone_ids)
         plan = []      # (model index, slot, is new, id hash)
         for m, name in enumerate(names):
             for endpoint_id, url in wanted[name]:
@@ -368,11 +371,14 @@ cdef class EndpointTable:
                         slot = len(ids)
                         ids.append(None)
                         urls.append(None)
+                        gone_ids.append(None)
+                    gone_ids[slot] = None
                 ids[slot] = endpoint_id
                 urls[slot] = url
                 plan.append((m, slot, is_new, endpoint_hash(endpoint_id)))
         retired = list(current.values())
         for slot in retired:
+            gone_ids[slot] = ids[slot]
             ids[slot] = None
             urls[slot] = None
         cdef int32_t total_slots = len(ids)
@@ -425,8 +431,9 @@ cdef class EndpointTable:
         self._slot_count = total_slots
         models, self._models = self._models, models
         model_slots, self._model_slots = self._model_slots, model_slots
-        old = (self._ids, self._urls, self._model_names, self._model_index)
+        old = (self._ids, self._urls, self._gone_ids, self._model_names, self._model_index)
         self._ids = ids
+        self._gone_ids = gone_ids
         self._urls = urls
         self._model_names = names
         self._model_index = new_index
@@ -437,7 +444,8 @@ cdef class EndpointTable:
         del old
 
     def snapshot(self):
-        """Activity map: {"used": {id: s since last use}, "watched": {id: s watched}}.
+        """Activity map: {"used": {id: s since last use}, "watched": {id: s watched},
+        "in_flight": {id: requests}}; `in_flight` counts removed endpoints' requests too.
 
         The lock is held only to copy the raw slot array; the dicts are built after.
         """
@@ -460,6 +468,7 @@ cdef class EndpointTable:
         t0 = precise_ns()
         n = self._slot_count
         ids = self._ids
+        gone_ids = self._gone_ids
         now = self._now()
         if n:
             memcpy(copy, self._slots, n * sizeof(Slot))
@@ -467,19 +476,26 @@ cdef class EndpointTable:
         table_lock_release(&self._lock)
         used = {}
         watched = {}
+        in_flight = {}
         try:
             for slot in range(n):
                 if copy[slot].model == SLOT_RETIRED:
+                    # Removed, but requests still on it: in use, and not to be stopped yet.
+                    endpoint_id = gone_ids[slot]
+                    if copy[slot].in_flight > 0 and endpoint_id is not None:
+                        in_flight[endpoint_id] = in_flight.get(endpoint_id, 0) + copy[slot].in_flight
+                        used[endpoint_id] = 0.0
                     continue
                 endpoint_id = ids[slot]
                 watched[endpoint_id] = max(0.0, (now - copy[slot].watched_since_ns) / 1e9)
                 if copy[slot].in_flight > 0:
                     used[endpoint_id] = 0.0
+                    in_flight[endpoint_id] = in_flight.get(endpoint_id, 0) + copy[slot].in_flight
                 elif copy[slot].last_used_ns != NEVER:
-                    used[endpoint_id] = max(0.0, (now - copy[slot].last_used_ns) / 1e9)
+                    used.setdefault(endpoint_id, max(0.0, (now - copy[slot].last_used_ns) / 1e9))
         finally:
             free(copy)
-        return {"used": used, "watched": watched}
+        return {"used": used, "watched": watched, "in_flight": in_flight}
 
     def endpoint_id(self, int slot):
         """Id of the endpoint in `slot` (None once it has been removed)."""

@@ -12,19 +12,21 @@ log = logging.getLogger("gpurouter.activity")
 
 
 def activity_report(
-    router_id: str, incarnation: str, started: float, table, in_flight: int = 0
+    router_id: str, incarnation: str, started: float, table, waiting: dict | None = None
 ) -> dict:
     """DESIGN.md's report: who reports (identity and incarnation), its uptime, the route
-    version it holds, and the snapshot's `used` and `watched` maps."""
+    version it holds, the snapshot's `used`, `watched` and per-replica `in_flight` maps (removed
+    replicas still carrying requests too), and the requests it holds per model, `waiting`."""
     snapshot = table.snapshot()
     return {
         "router": router_id,
         "incarnation": incarnation,
         "uptime_s": time.monotonic() - started,
         "route_version": table.version,
-        "in_flight": in_flight,
         "used": snapshot["used"],
         "watched": snapshot["watched"],
+        "in_flight": snapshot["in_flight"],
+        "waiting": waiting or {},
     }
 
 
@@ -50,10 +52,10 @@ class ActivityReporter:
             self.headers["Authorization"] = f"Bearer {token}"
         self.failures = 0
 
-    async def report(self, in_flight: int = 0, goodbye: bool = False) -> bool:
+    async def report(self, waiting: dict | None = None, goodbye: bool = False) -> bool:
         """Post one report; `goodbye` marks the last one of a clean shutdown."""
         report = activity_report(
-            self.router_id, self.incarnation, self.started, self.table, in_flight
+            self.router_id, self.incarnation, self.started, self.table, waiting
         )
         if goodbye:
             report["goodbye"] = True
@@ -72,3 +74,21 @@ class ActivityReporter:
             if self.failures in (1, 10) or self.failures % 100 == 0:
                 log.warning("activity report failed %d time(s): %s", self.failures, exc)
             return False
+
+    async def demand(self, model: str, waiting: int) -> str:
+        """Tell the control plane at once that requests wait for `model`. Returns why it
+        cannot be placed ("" when it can, or when the control plane could not be asked)."""
+        url = self.url.rsplit("/v1/", 1)[0] + "/v1/demand"
+        try:
+            timeout = aiohttp.ClientTimeout(total=10)
+            body = orjson.dumps({"model": model, "waiting": waiting})
+            async with self.session.post(
+                url, data=body, headers=self.headers, timeout=timeout
+            ) as resp:
+                answer = await resp.json(content_type=None)
+                if resp.status >= 300:
+                    raise RuntimeError(f"HTTP {resp.status}: {answer}")
+            return "" if answer.get("ready") else str(answer.get("reason") or "")
+        except Exception as exc:  # the parked requests wait on; the next demand tries again
+            log.warning("demand for %s not heard: %s", model, exc)
+            return ""

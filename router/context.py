@@ -7,6 +7,8 @@ import hmac
 import itertools
 import os
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.activity import activity_report
@@ -26,6 +28,8 @@ class ProxyConfig:
     keepalive_timeout_s: float = 75.0
     max_tries: int = 3
     api_keys: tuple[bytes, ...] = ()
+    park_max: int = 1000  # requests held per model while it wakes (following a control plane)
+    park_timeout_s: float = 600.0  # engines can take minutes to load their weights
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tries <= 16:
@@ -59,6 +63,11 @@ class ProxyContext:
         self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
         self.routed_models: frozenset[str] = frozenset()
         self.refresh_routed_models()
+        # Waiting for a replica: model -> the exchanges parked for it, and since when. Only
+        # with a control plane to wake the model (`on_demand`); without one, 503 at once.
+        self.parked: dict[str, deque] = {}
+        self.parked_since: dict[str, float] = {}
+        self.on_demand: Callable[[str, int], None] | None = None
 
     def new_request_id(self) -> bytes:
         return b"%s%d" % (self._id_prefix, next(self._ids))
@@ -103,6 +112,57 @@ class ProxyContext:
         token = given[7:].strip()
         return any(hmac.compare_digest(token, key) for key in self.config.api_keys)
 
+    # waiting for a replica
+
+    def park(self, exchange) -> bool:
+        """Hold `exchange` until its model has a replica; False when none may wait here."""
+        if self.on_demand is None:
+            return False
+        model = exchange.routed_model
+        queue = self.parked.setdefault(model, deque())
+        if len(queue) >= self.config.park_max:
+            return False
+        queue.append(exchange)
+        self.metrics.parked[model] = len(queue)
+        if len(queue) == 1:  # once per wake, not per request
+            self.parked_since[model] = self.loop.time()
+            self.on_demand(model, 1)
+        return True
+
+    def unpark(self, exchange) -> None:
+        model = exchange.routed_model
+        queue = self.parked.get(model)
+        if queue is None:
+            return
+        try:
+            queue.remove(exchange)
+        except ValueError:
+            return
+        self.metrics.parked[model] = len(queue)
+        if not queue:
+            del self.parked[model]
+            self.parked_since.pop(model, None)
+
+    def resume_parked(self) -> None:
+        """After a new routing table: the requests held for models that now have a replica go."""
+        for model in [m for m in self.parked if self.table.endpoints(m)]:
+            queue = self.parked.pop(model)
+            self.metrics.parked[model] = 0
+            self.metrics.woke(model, self.loop.time() - self.parked_since.pop(model))
+            for exchange in queue:
+                exchange.resume()
+
+    def refuse_parked(self, model: str, reason: str) -> None:
+        """The model cannot be placed: its held requests are answered now, with why."""
+        queue = self.parked.pop(model, ())
+        self.parked_since.pop(model, None)
+        self.metrics.parked[model] = 0
+        for exchange in queue:
+            exchange.refuse_waiting(reason)
+
+    def waiting(self) -> dict[str, int]:
+        return {model: len(queue) for model, queue in self.parked.items()}
+
     def metrics_text(self) -> bytes:
         if self.shared_metrics is not None:
             totals = self.shared_metrics.gather(self.metrics)
@@ -119,5 +179,5 @@ class ProxyContext:
 
     def activity(self) -> dict:
         return activity_report(
-            self.router_id, self.incarnation, self.started, self.table, self.in_flight()
+            self.router_id, self.incarnation, self.started, self.table, self.waiting()
         )

@@ -169,13 +169,35 @@ class Exchange:
             why = f"no replica of `{self.model}` answered ({self.last_failure})"
             return self._finish(502, error=(why,))
         self._move(WAITING)
-        # Parking (wait for a replica to come) plugs in here; today the wait ends at once.
+        if result == NO_ENDPOINT and self.ctx.park(self):
+            # Held until a replica's route arrives (the control plane was told at once).
+            self.deadline = self.ctx.loop.time() + self.ctx.config.park_timeout_s
+            return
         why = "is saturated" if result == SATURATED else "has no ready replica"
+        if result == NO_ENDPOINT and self.ctx.on_demand is not None:
+            why = f"has no ready replica and {self.ctx.config.park_max} requests already wait"
         self._finish(
             503,
             error=(f"model `{self.model}` {why}; retry later",),
             extra=b"retry-after: 1\r\n",
         )
+
+    def resume(self) -> None:
+        """A replica of its model has arrived: pick again."""
+        try:
+            self._pick()
+        except Exception as exc:
+            self._broke(exc)
+
+    def refuse_waiting(self, reason: str) -> None:
+        try:
+            self._finish(
+                503,
+                error=(f"model `{self.model}` cannot be started: {reason}",),
+                extra=b"retry-after: 30\r\n",
+            )
+        except Exception as exc:
+            self._broke(exc)
 
     @property
     def path(self) -> str:
@@ -282,6 +304,8 @@ class Exchange:
         """The end of every path: release, count, answer the client. Runs once."""
         if self.stage is DONE:
             return
+        if self.stage is WAITING:
+            self.ctx.unpark(self)
         self.stage = DONE  # every other state may end: no need to consult the table
         self.status = status
         if self.connecting is not None:
@@ -413,6 +437,13 @@ class Exchange:
 
     def check_deadline(self, now: float) -> None:
         try:
+            if self.stage is WAITING and now >= self.deadline:
+                waited = round(self.ctx.config.park_timeout_s)
+                return self._finish(
+                    503,
+                    error=(f"no replica of `{self.model}` came within {waited}s; retry later",),
+                    extra=b"retry-after: 5\r\n",
+                )
             if self.stage not in (SEND, RELAY) or now < self.deadline:
                 return
             upstream, self.upstream = self.upstream, None

@@ -101,6 +101,7 @@ class EndpointTable:
         self._update_lock = threading.Lock()
         self._slots: list[_Slot] = []
         self._ids: list[str | None] = []
+        self._gone_ids: list[str | None] = []  # the id a retired slot had
         self._urls: list[str | None] = []
         self._models: list[_Model] = []
         self._model_names: list[str] = []
@@ -240,6 +241,8 @@ class EndpointTable:
                             self._slots.append(_Slot(m, now))
                             self._ids.append(None)
                             self._urls.append(None)
+                            self._gone_ids.append(None)
+                        self._gone_ids[slot] = None
                     s = self._slots[slot]
                     s.model = m
                     s.id_hash = endpoint_hash(endpoint_id)
@@ -252,6 +255,7 @@ class EndpointTable:
             for slot in current.values():
                 self._slots[slot].model = _RETIRED
                 self._slots[slot].ejected_until_ns = 0
+                self._gone_ids[slot] = self._ids[slot]
                 self._ids[slot] = None
                 self._urls[slot] = None
             self._models = models
@@ -264,21 +268,33 @@ class EndpointTable:
             t0 = time.monotonic_ns()
             now = self._now()
             raw = [
-                (self._ids[slot], s.model, s.in_flight, s.last_used_ns, s.watched_since_ns)
+                (
+                    self._ids[slot] if s.model != _RETIRED else self._gone_ids[slot],
+                    s.model,
+                    s.in_flight,
+                    s.last_used_ns,
+                    s.watched_since_ns,
+                )
                 for slot, s in enumerate(self._slots)
             ]
             self.last_snapshot_lock_ns = time.monotonic_ns() - t0
         used: dict[str, float] = {}
         watched: dict[str, float] = {}
+        busy: dict[str, int] = {}
         for endpoint_id, model, in_flight, last_used_ns, watched_since_ns in raw:
             if model == _RETIRED:
+                # Removed, but requests still on it: in use, and not to be stopped yet.
+                if in_flight > 0 and endpoint_id is not None:
+                    busy[endpoint_id] = busy.get(endpoint_id, 0) + in_flight
+                    used[endpoint_id] = 0.0
                 continue
             watched[endpoint_id] = max(0.0, (now - watched_since_ns) / 1e9)
             if in_flight > 0:
                 used[endpoint_id] = 0.0
+                busy[endpoint_id] = busy.get(endpoint_id, 0) + in_flight
             elif last_used_ns != _NEVER:
-                used[endpoint_id] = max(0.0, (now - last_used_ns) / 1e9)
-        return {"used": used, "watched": watched}
+                used.setdefault(endpoint_id, max(0.0, (now - last_used_ns) / 1e9))
+        return {"used": used, "watched": watched, "in_flight": busy}
 
     def endpoint_id(self, slot: int) -> str | None:
         if not 0 <= slot < len(self._ids):

@@ -103,6 +103,18 @@ def read_token(path: str | None) -> str | None:
     show_default=True,
     help="Requests one replica may have at once; beyond, 503 + Retry-After (0: no limit).",
 )
+@click.option(
+    "--park-max",
+    default=1000,
+    show_default=True,
+    help="Requests held per model while it wakes from zero (with a control plane).",
+)
+@click.option(
+    "--park-timeout",
+    default=600.0,
+    show_default=True,
+    help="How long a held request waits for a replica, then 503 (engines load for minutes).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def main(
     listen,
@@ -121,6 +133,8 @@ def main(
     client_timeout,
     drain_s,
     max_in_flight,
+    park_max,
+    park_timeout,
     log_level,
 ) -> None:
     """The gpufleet data plane: an OpenAI-compatible reverse proxy in front of model replicas."""
@@ -155,6 +169,8 @@ def main(
             idle_timeout_s=idle_timeout,
             client_timeout_s=client_timeout,
             api_keys=api_keys,
+            park_max=park_max,
+            park_timeout_s=park_timeout,
         ),
     )
     if workers <= 1:

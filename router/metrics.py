@@ -19,6 +19,8 @@ import orjson
 
 # LLM latencies: a cached short answer in tens of ms, long generations in minutes.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# From the first parked request to its model's first replica: a start-up, seconds to minutes.
+WAKE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 OTHER_MODEL = "(unrouted)"
 
@@ -75,6 +77,8 @@ class RouterMetrics:
         self.models: dict[str, ModelStats] = {}
         self.upstream_errors: dict[tuple[str, str], int] = {}
         self.ejections: dict[tuple[str, str], int] = {}
+        self.parked: dict[str, int] = {}  # model -> requests waiting for a replica now
+        self.wakes: dict[str, Histogram] = {}  # model -> time its requests waited
         self.retries = 0
         self.in_flight = 0
 
@@ -92,6 +96,12 @@ class RouterMetrics:
         key = (model, replica)
         self.ejections[key] = self.ejections.get(key, 0) + 1
 
+    def woke(self, model: str, seconds: float) -> None:
+        histogram = self.wakes.get(model)
+        if histogram is None:
+            histogram = self.wakes[model] = Histogram(WAKE_BUCKETS)
+        histogram.observe(seconds)
+
     def state(self) -> dict:
         models = self.models.items()
         return {
@@ -102,6 +112,8 @@ class RouterMetrics:
             "first_token": [[m, s.first_token.values()] for m, s in models if s.first_token.count],
             "upstream_errors": [[*k, v] for k, v in self.upstream_errors.items()],
             "ejections": [[*k, v] for k, v in self.ejections.items()],
+            "parked": [[k, v] for k, v in self.parked.items()],
+            "wakes": [[k, h.values()] for k, h in self.wakes.items()],
             "retries": self.retries,
             "in_flight": self.in_flight,
         }
@@ -109,15 +121,25 @@ class RouterMetrics:
 
 def merge(states: list[dict]) -> dict:
     """The sum of several workers' states, in the same shape."""
-    total = {name: {} for name in ("requests", "durations", "first_token", "upstream_errors")}
-    total["ejections"] = {}
+    total = {
+        name: {}
+        for name in (
+            "requests",
+            "durations",
+            "first_token",
+            "upstream_errors",
+            "ejections",
+            "parked",
+            "wakes",
+        )
+    }
     total["retries"] = total["in_flight"] = 0
     for state in states:
-        for name in ("requests", "upstream_errors", "ejections"):
-            for *key, value in state[name]:
+        for name in ("requests", "upstream_errors", "ejections", "parked"):
+            for *key, value in state.get(name, []):
                 total[name][tuple(key)] = total[name].get(tuple(key), 0) + value
-        for name in ("durations", "first_token"):
-            for *key, values in state[name]:
+        for name in ("durations", "first_token", "wakes"):
+            for *key, values in state.get(name, []):
                 key = tuple(key) if len(key) > 1 else key[0]
                 current = total[name].get(key)
                 total[name][key] = (
@@ -236,6 +258,18 @@ def render(totals: dict, table, ejected_now: list[tuple[str, str]]) -> bytes:
             (labels(model=model, replica=replica), int((model, replica) in ejected))
             for model, replica in endpoints
         ),
+    )
+    out += family(
+        "gpurouter_parked_requests",
+        "gauge",
+        "Requests waiting for a replica of their model (it is waking).",
+        ((labels(model=model), n) for model, n in sorted(totals["parked"].items())),
+    )
+    out += histogram_family(
+        "gpurouter_wake_seconds",
+        "Time from a model's first waiting request to its first replica.",
+        WAKE_BUCKETS,
+        ((labels(model=model), values) for model, values in sorted(totals["wakes"].items())),
     )
     out += family(
         "gpurouter_retries_total",

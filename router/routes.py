@@ -94,6 +94,7 @@ class RouteWatcher:
         sink,
         token: str | None,
         wait_s: float = 30.0,
+        on_change=None,
     ) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
@@ -101,6 +102,7 @@ class RouteWatcher:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.wait_s = wait_s
         self.version = -1
+        self.on_change = on_change  # called after each new table is applied
 
     async def run(self) -> None:
         backoff = 0.2
@@ -133,3 +135,5 @@ class RouteWatcher:
             log.error("route version %s: endpoint left out, %s", table["version"], problem)
         self.sink.update(routes, version=table["version"])
         self.version = table["version"]
+        if self.on_change is not None:
+            self.on_change()

@@ -56,6 +56,7 @@ class RouterServer:
         self.incarnation = os.urandom(6).hex()
         self.reporter: ActivityReporter | None = None
         self.report_task: asyncio.Task | None = None  # the tick's report, held until it ends
+        self.demands: set[asyncio.Task] = set()
         self.stopping = asyncio.Event()
         self.started = time.monotonic()
 
@@ -65,7 +66,7 @@ class RouterServer:
         shared = None
         if settings.metrics_folder:
             shared = SharedMetrics(settings.metrics_folder, settings.worker)
-        ctx = ProxyContext(
+        self.ctx = ctx = ProxyContext(
             self.table,
             settings.proxy,
             router_id=self.router_id,
@@ -108,8 +109,15 @@ class RouterServer:
             asyncio.create_task(self.follow_catalog(ctx, session)),
         ]
         if settings.control_plane:
-            watcher = RouteWatcher(session, settings.control_plane, self.table, settings.token)
+            watcher = RouteWatcher(
+                session,
+                settings.control_plane,
+                self.table,
+                settings.token,
+                on_change=ctx.resume_parked,
+            )
             tasks.append(asyncio.create_task(watcher.run()))
+            ctx.on_demand = lambda model, waiting: self.ask_for(ctx, model, waiting)
         try:
             await self.stopping.wait()
         finally:
@@ -123,7 +131,7 @@ class RouterServer:
             if self.reporter is not None:
                 # The last report says goodbye: the control plane hands this watch on to the
                 # next incarnation instead of suspecting a gap.
-                await self.reporter.report(ctx.in_flight(), goodbye=True)
+                await self.reporter.report(ctx.waiting(), goodbye=True)
             for conn in list(ctx.connections):
                 conn.close()
             for pool in ctx.pools.values():
@@ -137,6 +145,7 @@ class RouterServer:
         try:
             routes = self.settings.reload_routes()
             self.table.update(routes)
+            self.ctx.resume_parked()
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("routes not reloaded, keeping the current table: %s", exc)
             return
@@ -152,8 +161,20 @@ class RouterServer:
                 next_report = loop.time() + self.settings.tick_s
                 ctx.on_tick()
                 if reporter is not None:
-                    self.report_task = asyncio.create_task(reporter.report(ctx.in_flight()))
+                    self.report_task = asyncio.create_task(reporter.report(ctx.waiting()))
             await asyncio.sleep(min(1.0, self.settings.tick_s))
+
+    def ask_for(self, ctx: ProxyContext, model: str, waiting: int) -> None:
+        """Requests wait for `model`: tell the control plane now, not at the next tick."""
+
+        async def demand():
+            reason = await self.reporter.demand(model, waiting)
+            if reason:
+                ctx.refuse_parked(model, reason)
+
+        task = asyncio.create_task(demand())
+        self.demands.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self.demands.discard)
 
     async def follow_catalog(self, ctx: ProxyContext, session) -> None:
         """What the replicas serve (LoRA adapters too), for /v1/models and routing."""

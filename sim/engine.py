@@ -44,6 +44,7 @@ class EngineSettings:
     tokens_per_s: float = 0.0  # 0: as fast as possible
     output_tokens: int = 16
     adapters: list[str] = field(default_factory=list)  # LoRA adapters of the first model
+    startup_s: float = 0.0  # "loading weights": /health and completions answer 503 until then
     faults: Faults = field(default_factory=Faults)
 
     def serves(self, name) -> bool:
@@ -96,6 +97,8 @@ class SimEngine:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        if self.loading():
+            raise _error(503, "the model is still loading", kind="server_error")
         body = await self._body(request)
         faults = self.settings.faults
         self.requests_total += 1
@@ -237,7 +240,12 @@ class SimEngine:
         ]
         return _json_response({"object": "list", "data": data})
 
+    def loading(self) -> bool:
+        return time.time() - self.started < self.settings.startup_s
+
     async def health(self, request: web.Request) -> web.Response:
+        if self.loading():
+            return web.Response(status=503, text="loading")
         if self.settings.faults.unhealthy:
             return web.Response(status=503, text="unhealthy")
         return web.Response(text="")

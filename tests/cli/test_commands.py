@@ -46,8 +46,8 @@ def test_apply_list_scale_delete(cp, tmp_path):
     call("POST", cp + "/v1/nodes", make_node("gpu-1", gpus=2), token="sekret")
     assert run(*auth, "scale", "llama", "2").output == "model/llama scaled to 2\n"
     listed = run(*auth, "models", "--no-headers").output.splitlines()
-    assert listed[0].split()[:4] == ["llama", "H100-80GB", "1", "0/2"]
-    assert listed[1].split()[:5] == ["qwen", "H100-80GB", "4", "0/1", "Unplaceable"]
+    assert listed[0].split()[:4] == ["llama", "H100-80GB", "1", "0/2/2"]
+    assert listed[1].split()[:5] == ["qwen", "H100-80GB", "4", "0/1/1", "Unplaceable"]
     wide = run(*auth, "models", "-o", "wide").output
     assert "needs 4 free H100-80GB GPUs on one node" in wide
     nodes = run(*auth, "nodes").output.splitlines()

@@ -270,3 +270,16 @@ def test_a_slot_that_never_existed_is_an_index_error(fastpath):
             table.endpoint_url(slot)
         with pytest.raises(IndexError):
             table.endpoint_id(slot)
+
+
+def test_a_removed_endpoint_with_requests_on_it_is_still_reported_in_use(fastpath):
+    table = make(fastpath, {"m": [("a", "u"), ("b", "u")]})
+    a = table.endpoints("m")[0][0]
+    slot = table.acquire("m", exclude=(1 - a,))
+    table.update({"m": [("b", "u")]})  # a's route withdrawn while a request is on it
+    snap = table.snapshot()
+    assert snap["in_flight"] == {"a": 1} and snap["used"]["a"] == 0.0
+    assert "a" not in snap["watched"], "it is no longer in the table"
+    table.release(slot)
+    snap = table.snapshot()
+    assert "a" not in snap["in_flight"] and "a" not in snap["used"]
