@@ -136,3 +136,25 @@ def test_a_two_node_replica_shows_all_the_cards_it_holds():
     row = {"gpus_per_replica": 8, "nodes_per_replica": 2}
     assert gpus_per_replica(row) == "16 (8x2)"
     assert gpus_per_replica({"gpus_per_replica": 4, "nodes_per_replica": 1}) == "4"
+
+
+def test_models_at_zero_are_told_apart_from_unplaceable_ones():
+    node = Node("n1", "10.0.0.1", "ib-a", [GPU(0, "GPU-0", "H100-80GB")])
+    specs = [
+        ModelSpec(name=name, gpu_class="H100-80GB", command=["x"], min_replicas=0)
+        for name in ("asleep", "waking", "stuck")
+    ]
+    reasons = {"stuck": "1 replica(s) of stuck cannot be placed: needs 8 free H100-80GB GPUs"}
+    snap = FleetSnapshot(
+        [node], [], specs, reasons, {}, now=1e6, desired={"asleep": 0}, waiting={"waking": 12}
+    )
+    data = summary(snap)
+    states = {m["name"]: m["state"] for m in model_rows(snap)}
+    assert states == {"asleep": "ScaledToZero", "waking": "Waking", "stuck": "Unplaceable"}
+    text = render_status(data, colour=False)
+    assert (
+        "1 scaled to zero, 0 GPU(s) still held (retiring); 1 waking: 12 request(s) waiting" in text
+    )
+    assert "CANNOT BE PLACED (1)" in text
+    table = model_table(model_rows(snap), wide=False, no_headers=True)
+    assert table.splitlines()[0].split()[3] == "0/0/0"
