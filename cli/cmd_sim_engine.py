@@ -13,6 +13,19 @@ from sim.engine import EngineSettings, Faults, serve
 @click.option("--tokens-per-s", default=0.0, show_default=True, help="0: as fast as possible.")
 @click.option("--output-tokens", default=16, show_default=True)
 @click.option(
+    "--cache-tokens",
+    default=0,
+    show_default=True,
+    help="Prefix cache capacity in tokens (0: no cache).",
+)
+@click.option(
+    "--prefill-per-token",
+    "prefill_s_per_token",
+    default=0.0,
+    show_default=True,
+    help="Seconds of time to first token per prompt token not in the cache.",
+)
+@click.option(
     "--startup-delay",
     "startup_s",
     default=0.0,
@@ -38,6 +51,8 @@ def sim_engine(
     ttft_s,
     tokens_per_s,
     output_tokens,
+    cache_tokens,
+    prefill_s_per_token,
     startup_s,
     adapters,
     error_rate,
@@ -58,6 +73,8 @@ def sim_engine(
         output_tokens=output_tokens,
         adapters=list(adapters),
         startup_s=startup_s,
+        cache_tokens=cache_tokens,
+        prefill_s_per_token=prefill_s_per_token,
         faults=faults,
     )
     uvloop.run(serve(settings, host, port))

@@ -107,6 +107,7 @@ class ModelSpec:
     generation: int = 0
     min_replicas: int | None = None  # None: `replicas`, never scaled down on idle
     scale_to_zero_after_s: float | None = None  # idle this long: scaled towards min_replicas
+    affinity: str | None = None  # off | session | prefix; None: each router's --affinity
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,7 +187,9 @@ SPEC_FIELDS = {
     "min_replicas",
     "scale_to_zero_after",
     "scale_to_zero_after_s",
+    "affinity",
 }
+AFFINITY_MODES = ("off", "session", "prefix")
 
 
 def parse_duration(value, field_name: str) -> float:
@@ -272,6 +275,9 @@ def validate_spec(body) -> ModelSpec:
     scale_after = body.get("scale_to_zero_after", body.get("scale_to_zero_after_s"))
     if scale_after is not None:
         scale_after = parse_duration(scale_after, "scale_to_zero_after")
+    affinity = body.get("affinity")
+    if affinity is not None and affinity not in AFFINITY_MODES:
+        raise SpecError("affinity", f"one of {', '.join(AFFINITY_MODES)}")
     return ModelSpec(
         name=name,
         gpu_class=gpu_class,
@@ -285,4 +291,5 @@ def validate_spec(body) -> ModelSpec:
         generation=generation,
         min_replicas=min_replicas,
         scale_to_zero_after_s=scale_after,
+        affinity=affinity,
     )

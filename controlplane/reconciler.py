@@ -30,19 +30,22 @@ class RouteTable:
     def __init__(self) -> None:
         self.version = int(time.time() * 1000)
         self.routes: dict[str, list[dict]] = {}
+        self.affinity: dict[str, str] = {}  # model -> its spec's affinity, where it sets one
         self._changed = asyncio.Event()
 
-    def publish(self, routes: dict[str, list[dict]]) -> bool:
-        if routes == self.routes:
+    def publish(self, routes: dict[str, list[dict]], affinity: dict | None = None) -> bool:
+        affinity = affinity or {}
+        if routes == self.routes and affinity == self.affinity:
             return False
         self.routes = routes
+        self.affinity = affinity
         self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
         return True
 
     def as_json(self) -> dict:
-        return {"version": self.version, "routes": self.routes}
+        return {"version": self.version, "routes": self.routes, "affinity": self.affinity}
 
     async def wait_for_change(self, after: int, timeout: float) -> dict:
         if after == self.version:
@@ -79,7 +82,10 @@ class Reconciler:
             self._stop_orphans()
             self._stop_retired()
             fleet.flush_activity()
-        self.routes.publish(self._routing_table())
+        self.routes.publish(
+            self._routing_table(),
+            {s.name: s.affinity for s in fleet.specs.values() if s.affinity is not None},
+        )
         # What this tick changed it has acted on; only news from outside wakes it again.
         fleet.changed = False
 

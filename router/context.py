@@ -30,6 +30,8 @@ class ProxyConfig:
     api_keys: tuple[bytes, ...] = ()
     park_max: int = 1000  # requests held per model while it wakes (following a control plane)
     park_timeout_s: float = 600.0  # engines can take minutes to load their weights
+    affinity: str = "prefix"  # off | session | prefix: which replica a request prefers
+    affinity_prefix_chars: int = 1024
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tries <= 16:
@@ -68,6 +70,7 @@ class ProxyContext:
         self.parked: dict[str, deque] = {}
         self.parked_since: dict[str, float] = {}
         self.on_demand: Callable[[str, int], None] | None = None
+        self.affinity_by_model: dict[str, str] = {}  # per-model overrides of config.affinity
 
     def new_request_id(self) -> bytes:
         return b"%s%d" % (self._id_prefix, next(self._ids))

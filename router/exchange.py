@@ -90,9 +90,10 @@ class Exchange:
         "outgoing",
         "first_chunk_seen",
         "last_failure",
+        "key",
     )
 
-    def __init__(self, client, target, method, url, header_list, headers, body, request_id):
+    def __init__(self, client, target, method, url, header_list, headers, body, request_id, key=0):
         self.client = client
         self.ctx = ctx = client.ctx
         self.model = self.routed_model = model = target[0]
@@ -121,6 +122,7 @@ class Exchange:
         self.outgoing: list[bytes] = []
         self.first_chunk_seen = False
         self.last_failure = ""
+        self.key = key  # affinity: which replica's prefix cache likely holds the prompt
 
     def _move(self, stage: Stage) -> None:
         if not _ALLOWED[self.stage] >> stage & 1:
@@ -139,12 +141,12 @@ class Exchange:
         if self.stage is not PICK:  # a retry
             self._move(PICK)
         table = self.ctx.table
-        slot = table.acquire(self.routed_model, 0, self.tried)
+        slot = table.acquire(self.routed_model, self.key, self.tried)
         if slot == NO_MODEL:
             alias = self.ctx.catalog.alias_of(self.model)
             if alias is not None:
                 self.routed_model = alias
-                slot = table.acquire(alias, 0, self.tried)
+                slot = table.acquire(alias, self.key, self.tried)
         if slot < 0:
             return self._no_replica(slot)
         if self.tried:

@@ -15,6 +15,7 @@ from collections import deque
 import httptools
 import orjson
 
+from router.affinity import affinity_key
 from router.context import ProxyContext
 from router.errors import REASONS, error_body
 from router.exchange import Exchange
@@ -163,8 +164,11 @@ class ClientConnection(asyncio.Protocol):
                 return self.respond_error(
                     refusal.status, str(refusal), request_id, refusal.code, refusal.param
                 )
+            ctx = self.ctx
+            mode = ctx.affinity_by_model.get(target[0], ctx.config.affinity)
+            key = affinity_key(target[2], headers, mode, ctx.config.affinity_prefix_chars)
             self.exchange = exchange = Exchange(
-                self, target, method, url, header_list, headers, body, request_id
+                self, target, method, url, header_list, headers, body, request_id, key
             )
             self.ctx.metrics.in_flight += 1
             return exchange.start()

@@ -104,6 +104,26 @@ def read_token(path: str | None) -> str | None:
     help="Requests one replica may have at once; beyond, 503 + Retry-After (0: no limit).",
 )
 @click.option(
+    "--affinity",
+    type=click.Choice(["off", "session", "prefix"]),
+    default="prefix",
+    show_default=True,
+    help="Which replica a request prefers: none (least in flight), the one its session went"
+    " to, or the one its prompt's prefix went to (a model's spec may override it).",
+)
+@click.option(
+    "--affinity-prefix-chars",
+    default=1024,
+    show_default=True,
+    help="How much of the prompt makes its affinity key (prefix mode).",
+)
+@click.option(
+    "--affinity-load-factor",
+    default=1.25,
+    show_default=True,
+    help="A preferred replica is passed over once its load exceeds this times the mean.",
+)
+@click.option(
     "--park-max",
     default=1000,
     show_default=True,
@@ -133,6 +153,9 @@ def main(
     client_timeout,
     drain_s,
     max_in_flight,
+    affinity,
+    affinity_prefix_chars,
+    affinity_load_factor,
     park_max,
     park_timeout,
     log_level,
@@ -162,6 +185,7 @@ def main(
         drain_s=drain_s,
         reuse_port=workers > 1,
         max_in_flight=max_in_flight,
+        load_factor=affinity_load_factor,
         proxy=ProxyConfig(
             max_body_bytes=max_body_bytes,
             connect_timeout_s=connect_timeout,
@@ -170,6 +194,8 @@ def main(
             client_timeout_s=client_timeout,
             api_keys=api_keys,
             park_max=park_max,
+            affinity=affinity,
+            affinity_prefix_chars=affinity_prefix_chars,
             park_timeout_s=park_timeout,
         ),
     )

@@ -102,6 +102,7 @@ class RouteWatcher:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.wait_s = wait_s
         self.version = -1
+        self.affinity: dict[str, str] = {}  # per-model affinity the control plane publishes
         self.on_change = on_change  # called after each new table is applied
 
     async def run(self) -> None:
@@ -135,5 +136,10 @@ class RouteWatcher:
             log.error("route version %s: endpoint left out, %s", table["version"], problem)
         self.sink.update(routes, version=table["version"])
         self.version = table["version"]
+        self.affinity = {
+            model: mode
+            for model, mode in (table.get("affinity") or {}).items()
+            if mode in ("off", "session", "prefix")
+        }
         if self.on_change is not None:
             self.on_change()

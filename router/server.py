@@ -37,6 +37,7 @@ class RouterSettings:
     drain_s: float = 30.0
     reuse_port: bool = False
     max_in_flight: int = 0
+    load_factor: float = 1.25  # affinity: how far over the mean a replica's load may go
     metrics_folder: str | None = None  # with several workers: where they pool their counters
     worker: int = 0
     catalog_every_s: float = 10.0
@@ -46,7 +47,9 @@ class RouterSettings:
 class RouterServer:
     def __init__(self, settings: RouterSettings) -> None:
         self.settings = settings
-        self.table = EndpointTable(max_in_flight=settings.max_in_flight)
+        self.table = EndpointTable(
+            max_in_flight=settings.max_in_flight, load_factor=settings.load_factor
+        )
         if settings.static_routes:
             self.table.update(settings.static_routes)
         # Stable across restarts, so that a new incarnation supersedes the old one.
@@ -109,12 +112,17 @@ class RouterServer:
             asyncio.create_task(self.follow_catalog(ctx, session)),
         ]
         if settings.control_plane:
+
+            def routes_changed():
+                ctx.affinity_by_model = watcher.affinity
+                ctx.resume_parked()
+
             watcher = RouteWatcher(
                 session,
                 settings.control_plane,
                 self.table,
                 settings.token,
-                on_change=ctx.resume_parked,
+                on_change=routes_changed,
             )
             tasks.append(asyncio.create_task(watcher.run()))
             ctx.on_demand = lambda model, waiting: self.ask_for(ctx, model, waiting)

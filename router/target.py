@@ -25,14 +25,15 @@ class Refusal(Exception):
         self.status, self.param, self.code = status, param, code
 
 
-def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[str, bool]:
-    """(model, ask_each_replica): whether the request is for state held by one replica, where
-    a 404 means "ask the next one". Refusal when the request names no model."""
+def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[str, bool, dict]:
+    """(model, ask_each_replica, JSON payload or None): ask_each_replica when the request is for
+    state held by one replica, where a 404 means "ask the next one". Refusal when the request
+    names no model."""
     if method == b"POST":
         content_type = headers.get(b"content-type", b"")
         # The first letter alone rules out JSON (nearly every request) without a lower().
         if content_type[:1] in FORM_INITIALS and content_type[:19].lower() == MULTIPART_FORM:
-            return _model_form_field(content_type, headers, body), False
+            return _model_form_field(content_type, headers, body), False, None
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -40,10 +41,10 @@ def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[st
         model = payload.get("model") if type(payload) is dict else None
         if type(model) is not str or not model:
             raise Refusal(400, "the body has no `model`", param="model")
-        return model, False
+        return model, False, payload
     if method in BODYLESS_METHODS and not body:
         path, _, query = url.partition(b"?")
-        return _named_outside_the_body(method, path, query, headers), True
+        return _named_outside_the_body(method, path, query, headers), True, None
     raise Refusal(405, f"{method.decode(errors='replace')} is not served on this path")
 
 

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field, fields
 import orjson
 from aiohttp import web
 
+from sim.prefix_cache import PrefixCache, prompt_text
+
 WORDS = ("the", "fleet", "serves", "many", "models", "on", "few", "cards", "and", "routes", "well")
 
 
@@ -45,6 +47,8 @@ class EngineSettings:
     output_tokens: int = 16
     adapters: list[str] = field(default_factory=list)  # LoRA adapters of the first model
     startup_s: float = 0.0  # "loading weights": /health and completions answer 503 until then
+    cache_tokens: int = 0  # prefix cache capacity (0: none)
+    prefill_s_per_token: float = 0.0  # time to first token grows with the uncached prompt
     faults: Faults = field(default_factory=Faults)
 
     def serves(self, name) -> bool:
@@ -59,6 +63,7 @@ class SimEngine:
         self.cancelled_total = 0
         self.started = time.time()
         self.responses: dict[str, dict] = {}  # stored on this replica only, as vLLM does
+        self.cache = PrefixCache(settings.cache_tokens)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors_as_json])
@@ -74,6 +79,7 @@ class SimEngine:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/sim/faults", self.get_faults)
         app.router.add_post("/sim/faults", self.set_faults)
+        app.router.add_post("/sim/cache/clear", self.clear_cache)
         return app
 
     async def _body(self, request: web.Request) -> dict:
@@ -110,12 +116,15 @@ class SimEngine:
         n_tokens = (
             min(n_tokens, self.settings.output_tokens) if n_tokens else self.settings.output_tokens
         )
+        prompt_tokens, cached = self.cache.serve(prompt_text(body))
+        usage = _usage(prompt_tokens, cached, n_tokens)
+        prefill = (prompt_tokens - cached) * self.settings.prefill_s_per_token
         self.running += 1
         try:
             if body.get("stream"):
-                return await self._stream(request, body, chat, n_tokens)
-            await self._wait_generation(n_tokens)
-            return _json_response(self._completion(body, chat, n_tokens))
+                return await self._stream(request, body, chat, n_tokens, usage, prefill)
+            await self._wait_generation(n_tokens, prefill)
+            return _json_response(self._completion(body, chat, n_tokens, usage))
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: a real engine aborts the sequence and frees its KV cache.
             self.cancelled_total += 1
@@ -123,18 +132,18 @@ class SimEngine:
         finally:
             self.running -= 1
 
-    async def _wait_generation(self, n_tokens: int) -> None:
-        delay = self.settings.ttft_s
+    async def _wait_generation(self, n_tokens: int, prefill: float) -> None:
+        delay = self.settings.ttft_s + prefill
         if self.settings.tokens_per_s > 0:
             delay += n_tokens / self.settings.tokens_per_s
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def _stream(self, request, body, chat, n_tokens) -> web.StreamResponse:
+    async def _stream(self, request, body, chat, n_tokens, usage, prefill) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        if self.settings.ttft_s > 0:
-            await asyncio.sleep(self.settings.ttft_s)
+        if self.settings.ttft_s + prefill > 0:
+            await asyncio.sleep(self.settings.ttft_s + prefill)
         completion_id = _new_id(chat)
         created = int(time.time())
         gap = 1 / self.settings.tokens_per_s if self.settings.tokens_per_s > 0 else 0
@@ -157,14 +166,14 @@ class SimEngine:
                 "created": created,
                 "model": body["model"],
                 "choices": [],
-                "usage": _usage(body, n_tokens),
+                "usage": usage,
             }
             await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 
-    def _completion(self, body: dict, chat: bool, n_tokens: int) -> dict:
+    def _completion(self, body: dict, chat: bool, n_tokens: int, usage: dict) -> dict:
         text = " ".join(WORDS[i % len(WORDS)] for i in range(n_tokens))
         if chat:
             choice = {
@@ -180,7 +189,7 @@ class SimEngine:
             "created": int(time.time()),
             "model": body["model"],
             "choices": [choice],
-            "usage": _usage(body, n_tokens),
+            "usage": usage,
         }
 
     async def embeddings(self, request: web.Request) -> web.Response:
@@ -264,8 +273,18 @@ class SimEngine:
             "# HELP gpufleet_sim_cancelled_total Requests whose client went away.",
             "# TYPE gpufleet_sim_cancelled_total counter",
             f"gpufleet_sim_cancelled_total {self.cancelled_total}",
+            "# HELP vllm:prefix_cache_queries_total Prompt tokens looked up in the prefix cache.",
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f"vllm:prefix_cache_queries_total {self.cache.prompt_tokens}",
+            "# HELP vllm:prefix_cache_hits_total Prompt tokens found in the prefix cache.",
+            "# TYPE vllm:prefix_cache_hits_total counter",
+            f"vllm:prefix_cache_hits_total {self.cache.hit_tokens}",
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def clear_cache(self, request: web.Request) -> web.Response:
+        self.cache.clear()
+        return _json_response({"cleared": True})
 
     async def get_faults(self, request: web.Request) -> web.Response:
         return _json_response(asdict(self.settings.faults))
@@ -282,12 +301,12 @@ def _new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def _usage(body: dict, n_tokens: int) -> dict:
-    prompt = len(orjson.dumps(body.get("messages") or body.get("prompt") or "")) // 4
+def _usage(prompt_tokens: int, cached: int, n_tokens: int) -> dict:
     return {
-        "prompt_tokens": prompt,
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": n_tokens,
-        "total_tokens": prompt + n_tokens,
+        "total_tokens": prompt_tokens + n_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},  # as vLLM reports it
     }
 
 

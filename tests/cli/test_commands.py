@@ -142,9 +142,7 @@ def test_apply_dry_run_checks_on_the_server_and_stores_nothing(cp, tmp_path):
     auth = ["--server", cp, "--token", "sekret"]
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(yaml.safe_dump(spec(name="llama")))
-    bad.write_text(
-        yaml.safe_dump(spec(name="llama", min_replicas=2, replicas=1, gpus_per_replica=0))
-    )
+    bad.write_text(yaml.safe_dump(spec(name="llama", gpus_per_replica=0)))
     result = run(*auth, "apply", "-f", str(good), "--dry-run")
     assert result.output == "model/llama created (dry run)\n"
     refused = run(*auth, "apply", "-f", str(bad), "--dry-run")

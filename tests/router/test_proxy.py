@@ -78,7 +78,7 @@ def test_request_id_is_kept_or_generated(procs):
 
 def test_least_loaded_spreads_concurrent_requests(procs):
     engines = [procs.engine("m", ttft=0.4) for _ in range(2)]
-    router, _ = procs.router(*[f"--backend=m={e}" for e in engines])
+    router, _ = procs.router(*[f"--backend=m={e}" for e in engines], "--affinity", "off")
     api = client(router)
     threads = [
         threading.Thread(
@@ -97,7 +97,8 @@ def test_least_loaded_spreads_concurrent_requests(procs):
 def test_failover_when_a_replica_is_down(procs):
     live = procs.engine("m")
     dead = f"http://127.0.0.1:{free_port()}"
-    router, _ = procs.router(f"--backend=m={dead}", f"--backend=m={live}")
+    # Least in flight rotates over both, so some requests meet the dead one first.
+    router, _ = procs.router(f"--backend=m={dead}", f"--backend=m={live}", "--affinity", "off")
     api = client(router)
     for _ in range(6):
         assert api.chat.completions.create(model="m", messages=CHAT).choices

@@ -1,0 +1,59 @@
+"""The affinity key of a request: which replica's prefix (KV) cache is likely to hold its
+prompt already. Computed per request outside the table's lock; `acquire(model, key)` then
+picks by rendezvous hashing with bounded loads.
+
+- an explicit session first: `prompt_cache_key` in the body (as OpenAI's API names it), else
+  an `X-Session-Id` header, else the body's `user`;
+- otherwise (mode `prefix`) the first `prefix_chars` characters of the prompt as the engine
+  sees it (the chat messages in order, or `prompt`).
+
+The hash is CRC-32 (plus one, so that 0 stays "no key"): the same in every router process, so
+that all routers and workers send a session to the same replica.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+OFF, SESSION, PREFIX = "off", "session", "prefix"
+MODES = (OFF, SESSION, PREFIX)
+DEFAULT_PREFIX_CHARS = 1024
+
+
+def stable_key(data: bytes) -> int:
+    return zlib.crc32(data) + 1
+
+
+def affinity_key(payload, headers: dict, mode: str, prefix_chars: int) -> int:
+    if mode == OFF or type(payload) is not dict:
+        return 0
+    session = payload.get("prompt_cache_key") or headers.get(b"x-session-id") or payload.get("user")
+    if session:
+        return stable_key(session if type(session) is bytes else str(session).encode())
+    if mode != PREFIX:
+        return 0
+    text = prompt_prefix(payload, prefix_chars)
+    return stable_key(text.encode()) if text else 0
+
+
+def prompt_prefix(payload: dict, chars: int) -> str:
+    """The first `chars` characters of the prompt, messages joined as `<|role|>content`."""
+    messages = payload.get("messages")
+    if type(messages) is list:
+        parts, length = [], 0
+        for message in messages:
+            if type(message) is not dict:
+                continue
+            content = message.get("content")
+            if type(content) is list:  # content parts: the text ones
+                content = "".join(p.get("text", "") for p in content if type(p) is dict)
+            part = f"<|{message.get('role', '')}|>{content or ''}"
+            parts.append(part)
+            length += len(part)
+            if length >= chars:
+                break
+        return "".join(parts)[:chars]
+    prompt = payload.get("prompt")
+    if type(prompt) is list:
+        prompt = prompt[0] if prompt else ""
+    return prompt[:chars] if type(prompt) is str else ""
