@@ -115,6 +115,33 @@ def test_acquire_release_is_within_2x_of_the_call_floor(benchmark):
     assert ratio <= 2
 
 
+def test_keyed_acquire_is_within_2x_of_the_call_floor(benchmark):
+    # Affinity: rendezvous hashing with bounded loads over the model's endpoints, against the
+    # same calls with the same arguments doing nothing.
+    table = table_with(_fastpath, 1)
+    (model,) = (name for name in table.models())
+    key = 0x6B43A9B5  # the router's keys are CRC-32s (router/affinity.py)
+
+    def work(acquire=table.acquire, release=table.release, model=model, key=key):
+        for _ in range(LOOPS):
+            release(acquire(model, key))
+
+    def floor(noop=table.noop, model=model, key=key):
+        for _ in range(LOOPS):
+            noop(noop(model, key))
+
+    work_ns, floor_ns, ratio = paired(work, floor, LOOPS)
+    report(
+        benchmark,
+        "keyed acquire+release vs the same calls doing nothing, ns",
+        work=work_ns,
+        floor=floor_ns,
+        ratio=ratio,
+    )
+    benchmark(work)
+    assert ratio <= 2
+
+
 @pytest.mark.parametrize("endpoints", [4, 400, 4_000, 40_000])
 def test_snapshot_holds_the_lock_only_for_the_copy(benchmark, endpoints):
     table = table_with(_fastpath, endpoints // 4)

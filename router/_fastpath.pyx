@@ -203,7 +203,8 @@ cdef class EndpointTable:
         SATURATED (the pick is at max_in_flight).
         """
         cdef int32_t m, i, pos, slot, best = -1, best_pos = 0, best_load = 0
-        cdef int32_t usable = 0, model_load = 0, n_excluded = 0
+        cdef int32_t usable = 0, model_load = 0, n_excluded = 0, top = -1
+        cdef uint64_t score, top_score = 0
         cdef int32_t excluded[MAX_EXCLUDED_]
         cdef Model* mdl
         cdef Slot* s
@@ -246,12 +247,21 @@ cdef class EndpointTable:
                 best = slot
                 best_pos = pos
                 best_load = s.in_flight
+            if key != 0:
+                score = key_score(key, s.id_hash)
+                if top == -1 or score > top_score:
+                    top = slot
+                    top_score = score
             pos += 1
         if best == -1:
             table_lock_release(&self._lock)
             return NO_ENDPOINT_
         if key != 0:
-            best = self._keyed_pick(mdl, key, excluded, n_excluded, usable, model_load, best)
+            # Most often the key's own endpoint is within the bound: no second pass then.
+            if self._slots[top].in_flight + 1 <= ceil(self.load_factor * (model_load + 1) / usable):
+                best = top
+            else:
+                best = self._keyed_pick(mdl, key, excluded, n_excluded, usable, model_load, best)
             best_load = self._slots[best].in_flight
         if self.max_in_flight > 0 and best_load >= self.max_in_flight:
             table_lock_release(&self._lock)
@@ -547,6 +557,6 @@ cdef class EndpointTable:
         table_lock_release(&self._lock)
         return [(slot, ids[slot], urls[slot]) for slot in slots]
 
-    def noop(self, argument=None):
+    def noop(self, argument=None, key=0):
         """Does nothing: the floor of a call into this extension, for the benchmarks."""
         return 0

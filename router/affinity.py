@@ -4,8 +4,10 @@ picks by rendezvous hashing with bounded loads.
 
 - an explicit session first: `prompt_cache_key` in the body (as OpenAI's API names it), else
   an `X-Session-Id` header, else the body's `user`;
-- otherwise (mode `prefix`) the first `prefix_chars` characters of the prompt as the engine
-  sees it (the chat messages in order, or `prompt`).
+- otherwise (mode `prefix`) the root of the prompt as the engine sees it: for chat, the
+  messages up to and including the first user message (the system prompt and the question
+  that opened the conversation, the same at every later turn); for completions, `prompt`;
+  at most `prefix_chars` characters of it.
 
 The hash is CRC-32 (plus one, so that 0 stays "no key"): the same in every router process, so
 that all routers and workers send a session to the same replica.
@@ -17,7 +19,7 @@ import zlib
 
 OFF, SESSION, PREFIX = "off", "session", "prefix"
 MODES = (OFF, SESSION, PREFIX)
-DEFAULT_PREFIX_CHARS = 1024
+DEFAULT_PREFIX_CHARS = 4096
 
 
 def stable_key(data: bytes) -> int:
@@ -37,7 +39,11 @@ def affinity_key(payload, headers: dict, mode: str, prefix_chars: int) -> int:
 
 
 def prompt_prefix(payload: dict, chars: int) -> str:
-    """The first `chars` characters of the prompt, messages joined as `<|role|>content`."""
+    """The root of the prompt, at most `chars` characters, messages joined as `<|role|>text`.
+
+    A fixed window of a growing conversation would change with every turn once the history is
+    longer than the window's start: the conversation's first user message closes the root.
+    """
     messages = payload.get("messages")
     if type(messages) is list:
         parts, length = [], 0
@@ -47,10 +53,11 @@ def prompt_prefix(payload: dict, chars: int) -> str:
             content = message.get("content")
             if type(content) is list:  # content parts: the text ones
                 content = "".join(p.get("text", "") for p in content if type(p) is dict)
-            part = f"<|{message.get('role', '')}|>{content or ''}"
+            role = message.get("role", "")
+            part = f"<|{role}|>{content or ''}"
             parts.append(part)
             length += len(part)
-            if length >= chars:
+            if length >= chars or role == "user":
                 break
         return "".join(parts)[:chars]
     prompt = payload.get("prompt")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.activity import activity_report
+from router.affinity import DEFAULT_PREFIX_CHARS
 from router.catalog import ModelCatalog
 from router.metrics import RouterMetrics, SharedMetrics, merge, render
 from router.upstream import UpstreamPool
@@ -31,7 +32,7 @@ class ProxyConfig:
     park_max: int = 1000  # requests held per model while it wakes (following a control plane)
     park_timeout_s: float = 600.0  # engines can take minutes to load their weights
     affinity: str = "prefix"  # off | session | prefix: which replica a request prefers
-    affinity_prefix_chars: int = 1024
+    affinity_prefix_chars: int = DEFAULT_PREFIX_CHARS
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tries <= 16:

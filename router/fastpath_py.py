@@ -327,7 +327,7 @@ class EndpointTable:
                 return []
             return [(slot, self._ids[slot], self._urls[slot]) for slot in self._models[m].slots]
 
-    def noop(self, argument=None) -> int:
+    def noop(self, argument=None, key=0) -> int:
         return 0
 
 

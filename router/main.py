@@ -113,9 +113,10 @@ def read_token(path: str | None) -> str | None:
 )
 @click.option(
     "--affinity-prefix-chars",
-    default=1024,
+    default=4096,
     show_default=True,
-    help="How much of the prompt makes its affinity key (prefix mode).",
+    help="At most this much of the prompt's root (system prompt and first question) makes its"
+    " affinity key (prefix mode).",
 )
 @click.option(
     "--affinity-load-factor",
