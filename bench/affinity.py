@@ -229,7 +229,7 @@ def vllm_router(procs, engines, policy, sessions, rate):
         return None
     port = free_port()
     kind = policy.split(" ", 1)[1]
-    procs.start(
+    proc = procs.start(
         [
             binary,
             "--host",
@@ -238,13 +238,21 @@ def vllm_router(procs, engines, policy, sessions, rate):
             str(port),
             "--policy",
             kind,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(free_port()),
             "--worker-urls",
             *engines,
         ],
         port,
         name="vllm-router",
     )
-    return asyncio.run(run_workload(f"http://127.0.0.1:{port}", engines, policy, sessions, rate))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        return asyncio.run(run_workload(url, engines, policy, sessions, rate))
+    finally:
+        procs.terminate(proc)
 
 
 def main() -> None:
