@@ -1,7 +1,7 @@
 """The router's per-request Python cost without sockets: a request goes through the real
 ClientConnection, Exchange and UpstreamConnection, with transports that only record writes.
 
-    python -m bench.proxy_inprocess [--requests 20000] [--profile]
+    python -m bench.proxy_inprocess [--requests 20000] [--profile] [--affinity off]
 
 What it measures is everything gpurouter does per request except the system calls, so it is
 stable where a load test on a shared machine is not, and cProfile's view of it is not drowned
@@ -58,13 +58,13 @@ class RecordingTransport:
     resume_reading = pause_reading
 
 
-def run(requests: int) -> float:
+def run(requests: int, affinity: str = "prefix") -> float:
     """Seconds per request through the proxy's Python code."""
 
     async def body() -> float:
         table = EndpointTable()
         table.update({"m": [("r1", "http://127.0.0.1:9")]})
-        ctx = ProxyContext(table, ProxyConfig())
+        ctx = ProxyContext(table, ProxyConfig(affinity=affinity))
         pool = ctx.pool_for("http://127.0.0.1:9")
         upstream = UpstreamConnection(pool)
         upstream.connection_made(RecordingTransport())
@@ -92,13 +92,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--affinity",
+        default="prefix",
+        choices=["off", "session", "prefix"],
+        help="the router's --affinity (off: least in flight, no key computed)",
+    )
     args = parser.parse_args()
     if args.profile:
         profiler = cProfile.Profile()
-        profiler.runcall(run, args.requests)
+        profiler.runcall(run, args.requests, args.affinity)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
     else:
-        best = min(run(args.requests) for _ in range(5))
+        best = min(run(args.requests, args.affinity) for _ in range(5))
         print(f"{best * 1e6:.2f} µs of Python per proxied request")
 
 
