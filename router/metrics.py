@@ -201,55 +201,47 @@ def histogram_family(name: str, help_text: str, buckets: tuple, series) -> list[
     return out
 
 
+# (name, kind, help, key in the merged totals, label names) of the families kept per label set
+KEYED_FAMILIES = (
+    ("gpurouter_requests_total", "counter", "Requests answered, by model and status.",
+     "requests", ("model", "status")),
+    ("gpurouter_upstream_errors_total", "counter", "Upstream failures, by model and kind.",
+     "upstream_errors", ("model", "kind")),
+    ("gpurouter_ejections_total", "counter", "Replicas ejected after consecutive failures.",
+     "ejections", ("model", "replica")),
+    ("gpurouter_parked_requests", "gauge",
+     "Requests waiting for a replica of their model (it is waking).", "parked", ("model",)),
+)  # fmt: skip
+HISTOGRAM_FAMILIES = (
+    ("gpurouter_request_duration_seconds",
+     "Time from request to the last byte, of requests a replica answered, by model and status"
+     " class.", "durations", ("model", "code"), DURATION_BUCKETS),
+    ("gpurouter_time_to_first_token_seconds",
+     "Time from request to the first body chunk of the replica's answer.", "first_token",
+     ("model",), FIRST_TOKEN_BUCKETS),
+    ("gpurouter_wake_seconds", "Time from a model's first waiting request to its first replica.",
+     "wakes", ("model",), WAKE_BUCKETS),
+)  # fmt: skip
+
+
+def label_set(names: tuple, key) -> str:
+    values = key if isinstance(key, tuple) else (key,)
+    return labels(**dict(zip(names, values, strict=True)))
+
+
 def render(totals: dict, table, ejected_now: list[tuple[str, str]]) -> bytes:
     """Prometheus text of merged states; `ejected_now` are (model, replica) ejected now."""
     ejected = set(ejected_now)
     endpoints = [
         (m, replica) for m in sorted(table.models()) for _, replica, _ in table.endpoints(m)
     ]
-    out = family(
-        "gpurouter_requests_total",
-        "counter",
-        "Requests answered, by model and status.",
-        (
-            (labels(model=model, status=status), count)
-            for (model, status), count in sorted(totals["requests"].items())
-        ),
-    )
-    out += histogram_family(
-        "gpurouter_request_duration_seconds",
-        "Time from request to the last byte, of requests a replica answered, by model and"
-        " status class.",
-        DURATION_BUCKETS,
-        (
-            (labels(model=model, code=klass), values)
-            for (model, klass), values in sorted(totals["durations"].items())
-        ),
-    )
-    out += histogram_family(
-        "gpurouter_time_to_first_token_seconds",
-        "Time from request to the first body chunk of the replica's answer.",
-        FIRST_TOKEN_BUCKETS,
-        ((labels(model=model), values) for model, values in sorted(totals["first_token"].items())),
-    )
-    out += family(
-        "gpurouter_upstream_errors_total",
-        "counter",
-        "Upstream failures, by model and kind.",
-        (
-            (labels(model=model, kind=kind), count)
-            for (model, kind), count in sorted(totals["upstream_errors"].items())
-        ),
-    )
-    out += family(
-        "gpurouter_ejections_total",
-        "counter",
-        "Replicas ejected after consecutive failures.",
-        (
-            (labels(model=model, replica=replica), count)
-            for (model, replica), count in sorted(totals["ejections"].items())
-        ),
-    )
+    out = []
+    for name, kind, help_text, key, names in KEYED_FAMILIES:
+        samples = ((label_set(names, k), v) for k, v in sorted(totals[key].items()))
+        out += family(name, kind, help_text, samples)
+    for name, help_text, key, names, buckets in HISTOGRAM_FAMILIES:
+        series = ((label_set(names, k), v) for k, v in sorted(totals[key].items()))
+        out += histogram_family(name, help_text, buckets, series)
     out += family(
         "gpurouter_replica_ejected",
         "gauge",
@@ -258,18 +250,6 @@ def render(totals: dict, table, ejected_now: list[tuple[str, str]]) -> bytes:
             (labels(model=model, replica=replica), int((model, replica) in ejected))
             for model, replica in endpoints
         ),
-    )
-    out += family(
-        "gpurouter_parked_requests",
-        "gauge",
-        "Requests waiting for a replica of their model (it is waking).",
-        ((labels(model=model), n) for model, n in sorted(totals["parked"].items())),
-    )
-    out += histogram_family(
-        "gpurouter_wake_seconds",
-        "Time from a model's first waiting request to its first replica.",
-        WAKE_BUCKETS,
-        ((labels(model=model), values) for model, values in sorted(totals["wakes"].items())),
     )
     out += family(
         "gpurouter_retries_total",
