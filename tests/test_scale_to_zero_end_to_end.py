@@ -8,7 +8,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from click.testing import CliRunner
 
+from cli.main import gpuctl
 from tests.agent.test_agent_sim import SimFleet
 from tests.controlplane.conftest import spec
 from tests.harness import call, post, wait_until
@@ -24,7 +26,8 @@ def sleepy_spec(**fields):
         "gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}",
         "--startup-delay", str(STARTUP_S), "--ttft", "0.05",
     ]  # fmt: skip
-    return spec(name="sleepy", command=command, min_replicas=0, scale_to_zero_after="4s", **fields)
+    fields = {"min_replicas": 0, "scale_to_zero_after": "4s", **fields}
+    return spec(name="sleepy", command=command, **fields)
 
 
 def at_zero(fleet) -> bool:
@@ -124,3 +127,23 @@ def test_park_max_overflow_answers_503_and_the_held_ones_complete(procs, tmp_pat
     with urllib.request.urlopen(router + "/metrics") as resp:
         text = resp.read().decode()
     assert 'gpurouter_wake_seconds_count{model="sleepy"} 1' in text
+
+
+def test_a_silent_router_blocks_the_stop_and_the_dry_run_says_so(procs, tmp_path):
+    fleet = SimFleet(procs, tmp_path)
+    call("POST", fleet.url + "/v1/models", sleepy_spec(scale_to_zero_after="1h"))
+    wait_until(lambda: fleet.replicas("Ready"), timeout=30, what="the replica")
+    port = int(fleet.url.rsplit(":", 1)[1])
+    with relaying(port) as relay:
+        procs.router("--control-plane", relay.url, "--tick", "0.3", "--router-id", "edge-cut")
+        wait_until(lambda: fleet.replicas()[0]["idle_state"] == "at_least", what="a report")
+        relay.cut()
+        wait_until(lambda: fleet.replicas()[0]["idle_state"] == "unknown", what="silence")
+        runner = CliRunner()
+        dry = runner.invoke(
+            gpuctl, ["--server", fleet.url, "stop-idle", "--dry-run", "--idle-after", "1s"]
+        )
+        assert dry.exit_code == 0, dry.output
+        assert "silent router edge-cut may be using it" in dry.output
+        assert "0 replica(s) would free 0 GPU(s)" in dry.output
+        assert [r["state"] for r in fleet.replicas()] == ["Ready"]
