@@ -15,7 +15,7 @@ from collections import deque
 import httptools
 import orjson
 
-from router.affinity import affinity_key
+from router.affinity import OFF, affinity_key
 from router.context import ProxyContext
 from router.errors import REASONS, error_body
 from router.exchange import Exchange
@@ -166,7 +166,9 @@ class ClientConnection(asyncio.Protocol):
                 )
             ctx = self.ctx
             mode = ctx.affinity_by_model.get(target[0], ctx.config.affinity)
-            key = affinity_key(target[2], headers, mode, ctx.config.affinity_prefix_chars)
+            key = 0
+            if mode != OFF:
+                key = affinity_key(target[2], headers, mode, ctx.config.affinity_prefix_chars)
             self.exchange = exchange = Exchange(
                 self, target, method, url, header_list, headers, body, request_id, key
             )
