@@ -276,6 +276,8 @@ def validate_spec(body) -> ModelSpec:
     if scale_after is not None:
         scale_after = parse_duration(scale_after, "scale_to_zero_after")
     affinity = body.get("affinity")
+    if affinity is False:  # YAML 1.1 reads a bare `off` as false
+        affinity = "off"
     if affinity is not None and affinity not in AFFINITY_MODES:
         raise SpecError("affinity", f"one of {', '.join(AFFINITY_MODES)}")
     return ModelSpec(

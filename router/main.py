@@ -14,7 +14,7 @@ import yaml
 
 from cli.listen import parse_listen
 from router.context import ProxyConfig
-from router.routes import static_routes
+from router.routes import static_affinity, static_routes
 from router.server import RouterServer, RouterSettings
 
 
@@ -166,6 +166,7 @@ def main(
     host, port = parse_listen(listen)
     try:
         routes = static_routes(list(backends), routes_file)
+        affinity_by_model = static_affinity(routes_file)
     except (ValueError, KeyError, OSError) as exc:
         raise click.UsageError(str(exc)) from None
     if not routes and not control_plane:
@@ -178,7 +179,10 @@ def main(
         host=host,
         port=port,
         static_routes=routes,
-        reload_routes=None if control_plane else lambda: static_routes(list(backends), routes_file),
+        static_affinity=affinity_by_model,
+        reload_routes=None
+        if control_plane
+        else lambda: (static_routes(list(backends), routes_file), static_affinity(routes_file)),
         control_plane=control_plane,
         token=read_token(token_file),
         router_id=router_id,

@@ -53,16 +53,43 @@ def checked_routes(routes: dict) -> tuple[dict[str, list[tuple[str, str]]], list
     return good, problems
 
 
+AFFINITY_MODES = ("off", "session", "prefix")
+
+
+def read_routes_file(path: str) -> dict:
+    with open(path) as f:
+        try:
+            loaded = yaml.safe_load(f) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: expected a mapping of model to a list of URLs")
+    return loaded.get("models", loaded)
+
+
+def static_affinity(routes_file: str | None) -> dict[str, str]:
+    """Per-model affinity from a routes file's {model: {endpoints, affinity}} entries."""
+    if not routes_file:
+        return {}
+    chosen = {}
+    for model, entry in read_routes_file(routes_file).items():
+        if isinstance(entry, dict) and "affinity" in entry:
+            # YAML 1.1 reads a bare `off` as false.
+            mode = "off" if entry["affinity"] is False else entry["affinity"]
+            if mode not in AFFINITY_MODES:
+                choices = ", ".join(AFFINITY_MODES)
+                raise ValueError(f"{routes_file}: model {model!r}: affinity is one of {choices}")
+            chosen[str(model)] = mode
+    return chosen
+
+
 def static_routes(backends: list[str], routes_file: str | None) -> dict[str, list[tuple[str, str]]]:
-    """Routes from `--backend MODEL=URL` flags and a YAML file of {model: [url | {id, url}]}."""
+    """Routes from `--backend MODEL=URL` flags and a YAML file of {model: [url | {id, url}]}
+    (or {model: {endpoints: [...], affinity: off|session|prefix}})."""
     routes: dict[str, list[tuple[str, str]]] = {}
     if routes_file:
-        with open(routes_file) as f:
-            loaded = yaml.safe_load(f) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{routes_file}: expected a mapping of model to a list of URLs")
-        loaded = loaded.get("models", loaded)
-        for model, endpoints in loaded.items():
+        for model, entry in read_routes_file(routes_file).items():
+            endpoints = entry.get("endpoints") if isinstance(entry, dict) else entry
             if not isinstance(endpoints, list):
                 raise ValueError(f"{routes_file}: model {model!r} needs a list of endpoints")
             routes.setdefault(str(model), [])
@@ -139,7 +166,7 @@ class RouteWatcher:
         self.affinity = {
             model: mode
             for model, mode in (table.get("affinity") or {}).items()
-            if mode in ("off", "session", "prefix")
+            if mode in AFFINITY_MODES
         }
         if self.on_change is not None:
             self.on_change()

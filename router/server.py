@@ -29,7 +29,9 @@ class RouterSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     static_routes: dict = field(default_factory=dict)
-    reload_routes: Callable[[], dict] | None = None  # static mode: SIGHUP reads the routes again
+    static_affinity: dict = field(default_factory=dict)  # model -> affinity, from a routes file
+    # static mode: SIGHUP reads the routes (and their affinity) again
+    reload_routes: Callable[[], tuple[dict, dict]] | None = None
     control_plane: str | None = None
     token: str | None = None
     router_id: str = ""
@@ -78,6 +80,7 @@ class RouterServer:
             shared_metrics=shared,
             catalog=ModelCatalog(),
         )
+        ctx.affinity_by_model = dict(settings.static_affinity)
         server = await loop.create_server(
             lambda: ClientConnection(ctx),
             settings.host,
@@ -151,8 +154,9 @@ class RouterServer:
     def reload(self) -> None:
         """SIGHUP in static mode: apply the routes file again; a bad file changes nothing."""
         try:
-            routes = self.settings.reload_routes()
+            routes, affinity = self.settings.reload_routes()
             self.table.update(routes)
+            self.ctx.affinity_by_model = affinity
             self.ctx.resume_parked()
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("routes not reloaded, keeping the current table: %s", exc)

@@ -149,3 +149,12 @@ def test_bad_scale_fields_are_refused_by_name_and_nothing_is_stored(make_fleet, 
     with pytest.raises(BadRequest) as refused:
         fleet.apply(spec(name="m", **fields))
     assert refused.value.field == field and fleet.specs == {}
+
+
+def test_a_spec_affinity_of_yaml_off_is_off_and_nonsense_is_refused(make_fleet):
+    fleet, _ = make_fleet()
+    spec_out, _ = fleet.apply(spec(name="m", affinity=False))  # `affinity: off` in YAML
+    assert spec_out.affinity == "off"
+    with pytest.raises(BadRequest) as refused:
+        fleet.apply(spec(name="n", affinity="sticky"))
+    assert refused.value.field == "affinity"

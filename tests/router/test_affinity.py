@@ -7,6 +7,19 @@ import pytest
 
 from bench.affinity import Result, clear_caches, conversations, run_workload
 from router.affinity import OFF, PREFIX, SESSION, affinity_key, prompt_prefix
+from tests.harness import get, post
+
+
+def engine_requests(engine: str) -> float:
+    text = get(engine + "/metrics")[1].decode()
+    return float(
+        next(
+            line.split()[1]
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total ")
+        )
+    )
+
 
 CHAT = {
     "model": "m",
@@ -63,3 +76,23 @@ def test_prefix_affinity_beats_least_in_flight_on_cache_hits(procs):
     off, prefix = results[OFF], results[PREFIX]
     assert off.errors == prefix.errors == 0
     assert prefix.hit_rate > off.hit_rate + 0.02, (off.hit_rate, prefix.hit_rate)
+
+
+@pytest.mark.integration
+def test_a_routes_file_sets_affinity_per_model(procs, tmp_path):
+    engines = [procs.engine("m", "n") for _ in range(3)]
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        f"m: {{affinity: off, endpoints: [{', '.join(engines)}]}}\nn: [{', '.join(engines)}]\n"
+    )
+    router, _ = procs.router("--routes", str(routes))
+    body = b'{"model": "%s", "prompt": "the same prompt every time"}'
+
+    def spread(model):
+        before = [engine_requests(e) for e in engines]
+        for _ in range(9):
+            assert post(router + "/v1/completions", body % model.encode())[0] == 200
+        return sum(1 for e, b in zip(engines, before, strict=True) if engine_requests(e) > b)
+
+    assert spread("n") == 1, "prefix affinity: one prompt, one replica"
+    assert spread("m") == 3, "affinity off for m: least in flight rotates over all"

@@ -158,3 +158,16 @@ def test_a_bad_url_from_the_control_plane_is_left_out_with_a_log_line(caplog, fa
         watcher.apply({"version": 7, "routes": routes})
     assert [endpoint_id for _, endpoint_id, _ in table.endpoints("m")] == ["good"]
     assert table.version == 7 and "endpoint 'bad'" in caplog.text
+
+
+def test_a_routes_file_that_is_not_yaml_is_a_usage_error(tmp_path):
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("m: [http://127.0.0.1:1\n  oops: {")
+    done = subprocess.run(
+        [str(BIN / "gpurouter"), "--listen", f"127.0.0.1:{free_port()}", "--routes", str(routes)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and "not valid YAML" in done.stderr
+    assert "Traceback" not in done.stderr
