@@ -1,4 +1,5 @@
 from bench.figures import FIGURES
+from tests.conftest import procs  # noqa: F401  real processes, stopped when a gate ends
 
 
 def pytest_terminal_summary(terminalreporter):
