@@ -181,11 +181,18 @@ def test_watch_shows_the_screen_again_until_interrupted(cp):
         [str(BIN / "gpuctl"), "--server", cp, "status", "--watch", "--interval", "0.3"],
         stdout=subprocess.PIPE,
         text=True,
+        # Ctrl-C as on a terminal: a test run started in the background inherits SIGINT
+        # ignored, and Python then leaves it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         time.sleep(2.5)
     finally:
         watcher.send_signal(signal.SIGINT)
-        output, _ = watcher.communicate(timeout=10)
+        try:
+            output, _ = watcher.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+            raise
     assert watcher.returncode == 0
     assert output.count("FLEET") >= 3
