@@ -4,9 +4,10 @@ until it reports again, a new incarnation of it starts, or it is forgotten here.
 
 import click
 
+from cli.cmd_apply import say
 from cli.cmd_tables import list_items
 from cli.context import Context, pass_context
-from cli.output import NO_HEADERS, OUTPUT, emit
+from cli.output import NO_HEADERS, OUTPUT
 from cli.render import duration, table
 
 
@@ -49,5 +50,4 @@ def routers(click_ctx, output: str, no_headers: bool):
 def forget(ctx: Context, router_id: str, output: str):
     """Forget ROUTER_ID, a router that is really gone (its replicas' idle bounds restart now)."""
     answer = ctx.delete(f"/v1/routers/{router_id}")
-    name = f"router/{answer['id']}"
-    emit(output, answer, lambda wide: f"{name} forgotten", [name])
+    say(output, answer, f"router/{answer['id']}", "forgotten")
