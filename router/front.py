@@ -149,14 +149,15 @@ class ClientConnection(asyncio.Protocol):
             return
         method, url, headers, header_list, body, keep_alive = self.pending.popleft()
         self.keep_alive = keep_alive
-        request_id = headers.get(b"x-request-id") or self.ctx.new_request_id()
+        ctx = self.ctx
+        request_id = headers.get(b"x-request-id") or ctx.new_request_id()
         path = url.split(b"?", 1)[0]
         if path.startswith(b"/v1/"):
-            if not self.ctx.authorised(headers):
+            if ctx.config.api_keys and not ctx.authorised(headers):
                 return self.respond_error(
                     401, "invalid or missing API key", request_id, code="invalid_api_key"
                 )
-            if path.startswith(b"/v1/models") and method == b"GET":
+            if method == b"GET" and path.startswith(b"/v1/models"):
                 return self.list_models(path, request_id)
             try:
                 target = target_of(method, url, headers, body)
@@ -164,7 +165,6 @@ class ClientConnection(asyncio.Protocol):
                 return self.respond_error(
                     refusal.status, str(refusal), request_id, refusal.code, refusal.param
                 )
-            ctx = self.ctx
             mode = ctx.affinity_by_model.get(target[0], ctx.config.affinity)
             key = 0
             if mode != OFF:
@@ -172,7 +172,7 @@ class ClientConnection(asyncio.Protocol):
             self.exchange = exchange = Exchange(
                 self, target, method, url, header_list, headers, body, request_id, key
             )
-            self.ctx.metrics.in_flight += 1
+            ctx.metrics.in_flight += 1
             return exchange.start()
         self.serve_own_endpoint(path, headers, request_id)
 
