@@ -12,7 +12,6 @@ cimport cython
 
 from router.fastpath_py import endpoint_hash, normalise_routes
 
-from libc.math cimport ceil
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
@@ -87,6 +86,13 @@ cdef inline uint64_t key_score(uint64_t key, uint64_t id_hash) noexcept nogil:
     z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9
     z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EB
     return z ^ (z >> 31)
+
+
+cdef inline bint within_bound(int32_t in_flight, int32_t usable, double load_factor,
+                              int32_t model_load) noexcept nogil:
+    # in_flight + 1 <= ceil(load_factor * (model_load + 1) / usable), without a division:
+    # the same test as fastpath_py.within_bound.
+    return in_flight * usable < load_factor * (model_load + 1)
 
 
 cdef inline bint is_excluded(int32_t slot, int32_t* excluded, int32_t n_excluded) noexcept nogil:
@@ -258,7 +264,7 @@ cdef class EndpointTable:
             return NO_ENDPOINT_
         if key != 0:
             # Most often the key's own endpoint is within the bound: no second pass then.
-            if self._slots[top].in_flight + 1 <= ceil(self.load_factor * (model_load + 1) / usable):
+            if within_bound(self._slots[top].in_flight, usable, self.load_factor, model_load):
                 best = top
             else:
                 best = self._keyed_pick(mdl, key, excluded, n_excluded, usable, model_load, best)
@@ -277,14 +283,15 @@ cdef class EndpointTable:
                              int32_t n_excluded, int32_t usable, int32_t model_load,
                              int32_t least) noexcept:
         # Rendezvous hashing with bounded loads; `least` when no endpoint is within the bound.
-        cdef double bound = ceil(self.load_factor * (model_load + 1) / usable)
         cdef int32_t i, slot, best = -1
         cdef uint64_t score, best_score = 0
         cdef Slot* s
         for i in range(mdl.count):
             slot = self._model_slots[mdl.first + i]
             s = &self._slots[slot]
-            if s.ejected_until_ns != 0 or s.in_flight + 1 > bound:
+            if s.ejected_until_ns != 0 or not within_bound(
+                s.in_flight, usable, self.load_factor, model_load
+            ):
                 continue
             if n_excluded and is_excluded(slot, excluded, n_excluded):
                 continue

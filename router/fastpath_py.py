@@ -6,7 +6,6 @@ benchmarks, and what runs when `GPUROUTER_NO_EXTENSIONS=1` or the extension is n
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 
@@ -26,6 +25,11 @@ def endpoint_hash(endpoint_id: str) -> int:
     for byte in endpoint_id.encode():
         value = ((value ^ byte) * 0x100000001B3) & _MASK64
     return value
+
+
+def within_bound(in_flight: int, usable: int, load_factor: float, model_load: int) -> bool:
+    """in_flight + 1 <= ceil(load_factor * (model_load + 1) / usable), without a division."""
+    return in_flight * usable < load_factor * (model_load + 1)
 
 
 def key_score(key: int, id_hash: int) -> int:
@@ -164,11 +168,14 @@ class EndpointTable:
     def _keyed_pick(self, mdl, key, exclude, usable, model_load, least, least_load):
         """Rendezvous hashing with bounded loads: the usable endpoint with the highest score
         for `key` among those whose load stays within the bound once this request is added."""
-        bound = math.ceil(self.load_factor * (model_load + 1) / usable)
         best, best_load, best_score = -1, 0, -1
         for slot in mdl.slots:
             s = self._slots[slot]
-            if s.ejected_until_ns != 0 or slot in exclude or s.in_flight + 1 > bound:
+            if (
+                s.ejected_until_ns != 0
+                or slot in exclude
+                or not within_bound(s.in_flight, usable, self.load_factor, model_load)
+            ):
                 continue
             score = key_score(key, s.id_hash)
             if score > best_score:
