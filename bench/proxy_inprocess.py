@@ -1,7 +1,7 @@
 """The router's per-request Python cost without sockets: a request goes through the real
 ClientConnection, Exchange and UpstreamConnection, with transports that only record writes.
 
-    python -m bench.proxy_inprocess [--requests 20000] [--profile] [--affinity off]
+    python -m bench.proxy_inprocess [--requests 20000] [--profile | --opcodes] [--affinity off]
 
 What it measures is everything gpurouter does per request except the system calls, so it is
 stable where a load test on a shared machine is not, and cProfile's view of it is not drowned
@@ -11,8 +11,10 @@ by the event loop.
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import pstats
+import sys
 import time
 
 from router.context import ProxyConfig, ProxyContext
@@ -88,10 +90,32 @@ def run(requests: int, affinity: str = "prefix") -> float:
     return uvloop.new_event_loop().run_until_complete(body())
 
 
+def count_opcodes(fn) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            counts[frame.f_code.co_qualname] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--opcodes",
+        action="store_true",
+        help="count the bytecodes run per request (exact where timings are noisy)",
+    )
     parser.add_argument(
         "--affinity",
         default="prefix",
@@ -99,7 +123,13 @@ def main() -> None:
         help="the router's --affinity (off: least in flight, no key computed)",
     )
     args = parser.parse_args()
-    if args.profile:
+    if args.opcodes:
+        run(50, args.affinity)  # warm up
+        counts = count_opcodes(lambda: run(200, args.affinity))
+        print(f"{sum(counts.values()) / 200:.0f} bytecodes per proxied request")
+        for name, n in counts.most_common(12):
+            print(f"{n / 200:8.1f}  {name}")
+    elif args.profile:
         profiler = cProfile.Profile()
         profiler.runcall(run, args.requests, args.affinity)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
