@@ -372,9 +372,10 @@ class IdleTracker:
         watching = [r for r in live if replica in r.watch_origin]
         if not watching:
             return UNKNOWN_SECONDS, IdleState.UNKNOWN
-        # Known only as of the stalest report among the routers that route to it: a router
-        # cut off a moment ago may be using it now, and must not make it look idle meanwhile.
-        as_of = min(r.received_at for r in watching)
+        # Known only as of the stalest report of any live router: one cut off a moment ago
+        # may be using it now, and one whose routes arrived after its report may too; neither
+        # must make it look idle meanwhile.
+        as_of = min(r.received_at for r in live)
         last = self.last_used_at.get(replica)
         unseen = self.unseen_until.get(replica)
         if last is not None and (unseen is None or last >= unseen):

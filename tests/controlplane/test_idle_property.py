@@ -10,7 +10,7 @@ One thing no control plane can know is a router incarnation it has never heard f
 count here once that incarnation has reported (before or after them).
 """
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from controlplane.idle import IdleState, IdleTracker
@@ -59,8 +59,19 @@ steps = st.lists(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=2000, deadline=None)
 @given(steps)
+# Found by this test: a router restarted after its goodbye, reporting before its routes came.
+# Any live router, not only one already routing to a replica, may use it before its next report.
+@example(
+    [
+        ("use", "r1", "a", 1.0),
+        ("goodbye", "r1", "a", 1.0),
+        ("restart", "r1", "a", 1.0),
+        ("report", "r1", "a", 1.0),
+        ("report", "r2", "a", 1.0),
+    ]
+)
 def test_no_bound_exceeds_the_truth(ops):
     clock = Clock()
     idle = IdleTracker(clock=clock, live_window_s=LEASE)
