@@ -21,7 +21,7 @@ from enum import IntEnum
 
 from router.errors import REASONS, error_body, sse_error_event
 from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
-from router.forwarding import CHUNK_END, NOT_FORWARDED, NOT_RELAYED
+from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
 from router.upstream import UpstreamConnection, UpstreamPool
 
@@ -78,7 +78,9 @@ class Exchange:
     last_failure = ""
     key = 0  # affinity: which replica's prefix cache likely holds the prompt
 
-    def __init__(self, client, target, method, url, header_list, headers, body, request_id, key=0):
+    def __init__(
+        self, client, target, method, url, forward_lines, headers, body, request_id, key=0
+    ):
         self.client = client
         self.ctx = ctx = client.ctx
         self.model = self.routed_model = model = target[0]
@@ -88,7 +90,7 @@ class Exchange:
         self.ask_each_replica = target[1]
         self.method = method
         self.url = url
-        self.header_list = header_list
+        self.forward_lines = forward_lines  # the client's headers that go on, as lines
         self.headers = headers
         self.body = body
         self.request_id = request_id
@@ -211,25 +213,31 @@ class Exchange:
 
     def request_bytes(self, pool: UpstreamPool) -> bytes:
         """The request as it goes to the replica: hop-by-hop headers dropped, proxy ones added."""
-        parts = [self.method, b" ", pool.path_prefix + self.url, b" HTTP/1.1\r\nhost: "]
-        parts += (pool.host_header, b"\r\n")
-        # Headers the client's Connection header names are hop-by-hop too.
+        lines = self.forward_lines
         connection = self.headers.get(b"connection")
-        named = {t.strip().lower() for t in connection.split(b",")} if connection else ()
-        for name, value in self.header_list:
-            if name not in NOT_FORWARDED and name not in named:
-                parts += (name, b": ", value, b"\r\n")
+        if connection and connection.lower() not in CONNECTION_WITHOUT_NAMES:
+            # Headers the client's Connection header names are hop-by-hop too.
+            named = {t.strip().lower() for t in connection.split(b",")}
+            lines = [line for line in lines if line.split(b":", 1)[0] not in named]
         forwarded = self.headers.get(b"x-forwarded-for")
         peer = self.client.peer
-        parts += (
-            b"x-forwarded-for: ",
-            forwarded + b", " + peer if forwarded else peer,
-            b"\r\nx-request-id: ",
-            self.request_id,
-            b"\r\ncontent-length: %d\r\n\r\n" % len(self.body),
-            self.body,
+        return b"".join(
+            (
+                self.method,
+                b" ",
+                pool.path_prefix + self.url,
+                b" HTTP/1.1\r\nhost: ",
+                pool.host_header,
+                b"\r\n",
+                *lines,
+                b"x-forwarded-for: ",
+                forwarded + b", " + peer if forwarded else peer,
+                b"\r\nx-request-id: ",
+                self.request_id,
+                b"\r\ncontent-length: %d\r\n\r\n" % len(self.body),
+                self.body,
+            )
         )
-        return b"".join(parts)
 
     def _lost_before_answer(self, reused: bool) -> None:
         if reused and not self.stale_retried:
@@ -331,7 +339,7 @@ class Exchange:
                 self.client.transport.write(b"".join(self.outgoing))
             self.outgoing.clear()
 
-    def upstream_headers(self, status: int, reason: bytes, headers: list) -> None:
+    def upstream_headers(self, status: int, reason: bytes, head: UpstreamConnection) -> None:
         try:
             if self.stage is not SEND:
                 return
@@ -344,24 +352,21 @@ class Exchange:
             self.stage = RELAY  # from SEND, checked above: always a legal move
             self.status = status
             self.deadline = self.ctx.loop.time() + self.ctx.config.idle_timeout_s
-            has_length = False
-            out = [b"HTTP/1.1 %d " % status, reason or REASONS.get(status, b""), b"\r\n"]
-            for name, value in headers:
-                lower = name.lower()
-                if lower == b"content-length":
-                    has_length = True
-                    out += (b"content-length: ", value, b"\r\n")
-                elif lower not in NOT_RELAYED:
-                    if lower == b"content-type" and value.startswith(b"text/event-stream"):
-                        self.sse = True
-                    out += (name, b": ", value, b"\r\n")
-            self.chunked = not has_length
-            if self.chunked:
-                out.append(b"transfer-encoding: chunked\r\n")
-            if not self.client.keep_alive:
-                out.append(b"connection: close\r\n")
-            out += (b"x-request-id: ", self.request_id, b"\r\n\r\n")
-            self.outgoing.append(b"".join(out))
+            self.sse = head.sse
+            self.chunked = chunked = not head.length_given
+            self.outgoing.append(
+                b"".join(
+                    (
+                        b"HTTP/1.1 %d %s\r\n" % (status, reason or REASONS.get(status, b"")),
+                        *head.relayed,
+                        b"transfer-encoding: chunked\r\n" if chunked else b"",
+                        b"" if self.client.keep_alive else b"connection: close\r\n",
+                        b"x-request-id: ",
+                        self.request_id,
+                        b"\r\n\r\n",
+                    )
+                )
+            )
         except Exception as exc:
             self._broke(exc)
 

@@ -18,3 +18,5 @@ HOP_BY_HOP = frozenset(
 NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"x-forwarded-for", b"x-request-id"}
 NOT_RELAYED = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 CHUNK_END = b"0\r\n\r\n"
+# Connection header values that name no other header: nothing more to drop.
+CONNECTION_WITHOUT_NAMES = frozenset({b"keep-alive", b"close"})

@@ -19,6 +19,7 @@ from router.affinity import OFF, affinity_key
 from router.context import ProxyContext
 from router.errors import REASONS, error_body
 from router.exchange import Exchange
+from router.forwarding import NOT_FORWARDED
 from router.target import Refusal, target_of
 
 JSON = b"application/json"
@@ -99,7 +100,7 @@ class ClientConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url = b""
         self.headers = {}
-        self.header_list = []
+        self.forward_lines = []
         self.header_bytes = 0
         self.body = []
         self.body_bytes = 0
@@ -114,8 +115,11 @@ class ClientConnection(asyncio.Protocol):
         if self.header_bytes > self.max_header_bytes:
             raise RequestRefused(431, "request headers are too large")
         name = name.lower()
-        self.header_list.append((name, value))
         self.headers[name] = value
+        # Sorted as it is parsed into the lines the replica will get: the forwarded request
+        # is then one join.
+        if name not in NOT_FORWARDED:
+            self.forward_lines.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
         length = self.headers.get(b"content-length")
@@ -134,7 +138,7 @@ class ClientConnection(asyncio.Protocol):
             self.parser.get_method(),
             self.url,
             self.headers,
-            self.header_list,
+            self.forward_lines,
             b"".join(self.body),
             self.parser.should_keep_alive(),
         )
@@ -147,7 +151,7 @@ class ClientConnection(asyncio.Protocol):
     def next_request(self) -> None:
         if self.closed or self.exchange is not None or not self.pending:
             return
-        method, url, headers, header_list, body, keep_alive = self.pending.popleft()
+        method, url, headers, forward_lines, body, keep_alive = self.pending.popleft()
         self.keep_alive = keep_alive
         ctx = self.ctx
         request_id = headers.get(b"x-request-id") or ctx.new_request_id()
@@ -170,7 +174,7 @@ class ClientConnection(asyncio.Protocol):
             if mode != OFF:
                 key = affinity_key(target[2], headers, mode, ctx.config.affinity_prefix_chars)
             self.exchange = exchange = Exchange(
-                self, target, method, url, header_list, headers, body, request_id, key
+                self, target, method, url, forward_lines, headers, body, request_id, key
             )
             ctx.metrics.in_flight += 1
             return exchange.start()

@@ -14,12 +14,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
-FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding"})
-FRAMING_NAME_LENGTHS = frozenset(len(name) for name in FRAMING_HEADERS)
+from router.forwarding import NOT_RELAYED
 
 
 class ResponseListener(Protocol):
-    def upstream_headers(self, status: int, reason: bytes, headers: list) -> None: ...
+    def upstream_headers(self, status: int, reason: bytes, head: UpstreamConnection) -> None:
+        """`head.relayed`: the header lines to pass on; `head.length_given`, `head.sse`."""
+
+
     def upstream_body(self, data: bytes) -> None: ...
     def upstream_complete(self, reusable: bool) -> None: ...
     def upstream_lost(self, reason: str, reused: bool) -> None: ...
@@ -32,7 +34,9 @@ class UpstreamConnection(asyncio.Protocol):
         "transport",
         "parser",
         "listener",
-        "headers",
+        "relayed",
+        "length_given",
+        "sse",
         "reason",
         "closed",
         "headers_done",
@@ -46,7 +50,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.listener: ResponseListener | None = None
-        self.headers: list = []
+        self.relayed: list[bytes] = []
+        self.length_given = False
+        self.sse = False
         self.reason = b""
         self.closed = False
         self.headers_done = False
@@ -83,23 +89,31 @@ class UpstreamConnection(asyncio.Protocol):
             listener.flush()
 
     def on_message_begin(self) -> None:
-        self.headers = []
-        self.headers_done = False
-        self.framed = False
+        self.relayed = []
+        self.length_given = self.sse = self.headers_done = self.framed = False
 
     def on_status(self, reason: bytes) -> None:
         self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-        # The length test first: it rules out nearly every header without a lower().
-        if len(name) in FRAMING_NAME_LENGTHS and name.lower() in FRAMING_HEADERS:
-            self.framed = True
+        # Each header is sorted as it is parsed, into the lines the client will get: the
+        # relayed head is then one join.
+        lower = name.lower()
+        if lower in NOT_RELAYED:
+            if lower == b"content-length":
+                self.framed = self.length_given = True
+                self.relayed.append(b"content-length: %s\r\n" % value)
+            elif lower == b"transfer-encoding":
+                self.framed = True
+            return
+        if lower == b"content-type" and value.startswith(b"text/event-stream"):
+            self.sse = True
+        self.relayed.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
         if self.listener is not None:
-            self.listener.upstream_headers(self.parser.get_status_code(), self.reason, self.headers)
+            self.listener.upstream_headers(self.parser.get_status_code(), self.reason, self)
         self.reason = b""
 
     def on_body(self, body: bytes) -> None:

@@ -4,25 +4,32 @@ X-Forwarded-For and X-Request-Id."""
 from types import SimpleNamespace
 
 from router.exchange import Exchange
+from router.front import ClientConnection
 from router.metrics import RouterMetrics
 from router.upstream import UpstreamPool
 
 
 def forwarded(header_list, body=b'{"model":"m"}', peer=b"127.0.0.9", request_id=b"rid-1"):
+    """What the replica gets for a request with these headers, parsed by the real front. The
+    body goes with a content-length, or chunked when the headers say so."""
     ctx = SimpleNamespace(
-        loop=SimpleNamespace(time=lambda: 0.0), routed_models={"m"}, metrics=RouterMetrics()
+        loop=SimpleNamespace(time=lambda: 0.0),
+        routed_models={"m"},
+        metrics=RouterMetrics(),
+        config=SimpleNamespace(max_header_bytes=65536, max_body_bytes=1 << 20),
     )
+    front = ClientConnection(ctx)
+    raw = b"".join(b"%s: %s\r\n" % pair for pair in header_list)
+    if (b"transfer-encoding", b"chunked") in header_list:
+        framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        raw += b"content-length: %d\r\n" % len(body)
+        framed = body
+    front.parser.feed_data(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n%s\r\n%s" % (raw, framed))
+    method, url, headers, forward_lines, sent, _ = front.pending[0]
     client = SimpleNamespace(ctx=ctx, peer=peer)
-    headers = dict(header_list)
     exchange = Exchange(
-        client,
-        ("m", False),
-        b"POST",
-        b"/v1/chat/completions?x=1",
-        header_list,
-        headers,
-        body,
-        request_id,
+        client, ("m", False), method, url, forward_lines, headers, sent, request_id
     )
     pool = UpstreamPool("http://127.0.0.1:9000/base", connect_timeout=1)
     head, _, sent_body = exchange.request_bytes(pool).partition(b"\r\n\r\n")
@@ -37,10 +44,9 @@ def test_hop_by_hop_headers_go_and_proxy_headers_come():
             (b"connection", b"keep-alive, x-secret"),
             (b"keep-alive", b"timeout=5"),
             (b"te", b"trailers"),
-            (b"transfer-encoding", b"chunked"),
             (b"content-type", b"application/json"),
             (b"authorization", b"Bearer sk-1"),
-            (b"content-length", b"999"),
+            (b"x-secret", b"dropped"),
             (b"x-custom", b"kept"),
         ]
     )
@@ -60,3 +66,14 @@ def test_hop_by_hop_headers_go_and_proxy_headers_come():
 def test_an_existing_forwarded_for_is_extended():
     _, headers, _ = forwarded([(b"x-forwarded-for", b"10.1.1.1")])
     assert (b"x-forwarded-for", b"10.1.1.1, 127.0.0.9") in headers
+
+
+def test_a_chunked_request_goes_on_with_its_length():
+    _, headers, body = forwarded([(b"transfer-encoding", b"chunked")], body=b'{"model":"m"}')
+    assert [name for name, _ in headers] == [
+        b"host",
+        b"x-forwarded-for",
+        b"x-request-id",
+        b"content-length",
+    ]
+    assert (b"content-length", b"13") in headers and body == b'{"model":"m"}'
