@@ -13,7 +13,13 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 
 def test_example_models_validate():
     specs = [validate_spec(body) for body in read_specs(str(EXAMPLES / "models.yaml"))]
-    assert [s.name for s in specs] == ["llama-3.1-8b", "llama-3.1-70b", "deepseek-v3", "demo-chat"]
+    assert [s.name for s in specs] == [
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "deepseek-v3",
+        "demo-chat",
+        "tiny-llama",
+    ]
     assert specs[2].nodes_per_replica == 2
 
 
