@@ -13,14 +13,14 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 
 def test_example_models_validate():
     specs = [validate_spec(body) for body in read_specs(str(EXAMPLES / "models.yaml"))]
-    assert [s.name for s in specs] == [
-        "llama-3.1-8b",
-        "llama-3.1-70b",
-        "deepseek-v3",
-        "demo-chat",
-        "tiny-llama",
-    ]
+    assert [s.name for s in specs] == ["llama-3.1-8b", "llama-3.1-70b", "deepseek-v3", "demo-chat"]
     assert specs[2].nodes_per_replica == 2
+
+
+def test_example_llama_cpp_spec_validates():
+    (body,) = read_specs(str(EXAMPLES / "llama-cpp.yaml"))
+    spec = validate_spec(body)
+    assert spec.command[0] == "llama-server" and spec.health_path == "/health"
 
 
 def test_example_fleet_loads():

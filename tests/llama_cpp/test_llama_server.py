@@ -1,6 +1,6 @@
-"""The fleet with a real engine: llama.cpp's `llama-server`, started by the agent from the
-llama.cpp spec in docs/examples, serving a tiny random-weights llama, used through gpurouter with
-the official openai client. Only the GPUs are simulated."""
+"""The fleet with a real engine: llama.cpp's `llama-server`, started by the agent from the spec
+in docs/examples/llama-cpp.yaml, serving a tiny random-weights llama, used through gpurouter
+with the official openai client. Only the GPUs are simulated."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.harness import BIN, get, wait_until
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "models.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "llama-cpp.yaml"
 MODEL = "tiny-llama"
 # One session for every request to the shared fleet: all of them reach the same replica.
 USER = "llama-tests"
@@ -31,8 +31,9 @@ LONG = 4000
 
 
 def example_spec() -> dict:
-    documents = yaml.safe_load_all(EXAMPLES.read_text())
-    return next(doc for doc in documents if doc and doc["name"] == MODEL)
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    assert spec["name"] == MODEL
+    return spec
 
 
 def spec_for(binary: Path, gguf: Path) -> dict:

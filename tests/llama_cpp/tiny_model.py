@@ -112,3 +112,18 @@ def _scalar(reader: gguf.GGUFReader, key: str):
     if field.types[0] == gguf.GGUFValueType.STRING:
         return bytes(value).decode("utf-8")
     return value[0]
+
+
+if __name__ == "__main__":
+    import sys
+
+    from tests.llama_cpp.build import Build, pinned_version
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tests.llama_cpp.tiny_model OUT.gguf")
+    vocab = Build(pinned_version()).vocab
+    if not vocab.is_file():
+        sys.exit(f"{vocab} is missing: run `python -m tests.llama_cpp.build` first")
+    target = Path(sys.argv[1])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(write_tiny_llama(vocab, target))
