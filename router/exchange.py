@@ -61,22 +61,13 @@ class LifecycleError(RuntimeError):
 
 
 class Exchange:
-    # What every exchange starts with, as class attributes: an instance stores only what it
-    # changes, which saves a dozen stores per request on the hot path.
-    stage = PICK
-    slot = -1
-    tried: tuple[int, ...] = ()
-    upstream: UpstreamConnection | None = None
-    pool: UpstreamPool | None = None
-    connecting: asyncio.Task | None = None
-    stale_retried = False
-    chunked = False
-    sse = False
-    status = 0
-    deadline = 0.0
-    first_chunk_seen = False
-    last_failure = ""
-    key = 0  # affinity: which replica's prefix cache likely holds the prompt
+    __slots__ = (
+        "client", "ctx", "model", "routed_model", "label", "stats", "ask_each_replica",
+        "method", "url", "forward_lines", "headers", "body", "request_id", "started",
+        "outgoing", "key", "stage", "slot", "tried", "upstream", "pool", "connecting",
+        "stale_retried", "chunked", "sse", "status", "deadline", "first_chunk_seen",
+        "last_failure", "__weakref__",
+    )  # fmt: skip
 
     def __init__(
         self, client, target, method, url, forward_lines, headers, body, request_id, key=0
@@ -96,8 +87,17 @@ class Exchange:
         self.request_id = request_id
         self.started = ctx.loop.time()
         self.outgoing: list[bytes] = []
-        if key:
-            self.key = key
+        self.key = key  # affinity: which replica's prefix cache likely holds the prompt
+        self.stage = PICK
+        self.slot = -1
+        self.tried: tuple[int, ...] = ()
+        self.upstream: UpstreamConnection | None = None
+        self.pool: UpstreamPool | None = None
+        self.connecting: asyncio.Task | None = None
+        self.stale_retried = self.chunked = self.sse = self.first_chunk_seen = False
+        self.status = 0
+        self.deadline = 0.0
+        self.last_failure = ""
 
     def _move(self, stage: Stage) -> None:
         if not _ALLOWED[self.stage] >> stage & 1:
