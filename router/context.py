@@ -79,7 +79,9 @@ class ProxyContext:
     def pool_for(self, url: str) -> UpstreamPool:
         pool = self.pools.get(url)
         if pool is None:
-            pool = self.pools[url] = UpstreamPool(url, self.config.connect_timeout_s)
+            pool = self.pools[url] = UpstreamPool(
+                url, self.config.connect_timeout_s, loop=self.loop
+            )
         return pool
 
     def refresh_routed_models(self) -> None:

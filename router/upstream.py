@@ -185,7 +185,12 @@ class UpstreamPool:
     """Idle keep-alive connections to one replica."""
 
     def __init__(
-        self, url: str, connect_timeout: float, max_idle: int = 256, max_idle_s: float = 4.0
+        self,
+        url: str,
+        connect_timeout: float,
+        max_idle: int = 256,
+        max_idle_s: float = 4.0,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -202,6 +207,9 @@ class UpstreamPool:
         self.max_idle_s = max_idle_s
         self.idle: list[UpstreamConnection] = []
         self.open: set[UpstreamConnection] = set()
+        # Kept rather than asked for per request: asyncio.get_running_loop() makes a getpid()
+        # system call each time.
+        self.loop = loop
 
     def take_idle(self, now: float) -> UpstreamConnection | None:
         """The most recently used idle connection that is still fresh."""
@@ -217,7 +225,7 @@ class UpstreamPool:
         return None
 
     async def connect(self) -> UpstreamConnection:
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         _, conn = await asyncio.wait_for(
             loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port),
             self.connect_timeout,
@@ -231,7 +239,10 @@ class UpstreamPool:
 
     def put_back(self, conn: UpstreamConnection) -> None:
         if len(self.idle) < self.max_idle:
-            conn.idle_since = asyncio.get_running_loop().time()
+            loop = self.loop
+            if loop is None:
+                loop = self.loop = asyncio.get_running_loop()
+            conn.idle_since = loop.time()
             self.idle.append(conn)
         else:
             conn.close()

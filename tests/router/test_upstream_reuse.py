@@ -78,3 +78,17 @@ def test_idle_connections_retire_before_the_engines_keepalive_ends():
     assert pool.take_idle(now=10.0) is fresh
     assert pool.take_idle(now=10.0) is None
     assert stale.transport.closed and stale not in pool.open
+
+
+def test_a_connection_goes_back_to_its_pool_without_asking_asyncio_for_the_loop(monkeypatch):
+    """asyncio.get_running_loop() costs a getpid() system call: not once per request."""
+    from types import SimpleNamespace
+
+    from router.upstream import UpstreamPool
+
+    pool = UpstreamPool("http://127.0.0.1:9", 1.0, loop=SimpleNamespace(time=lambda: 7.0))
+    asked = []
+    monkeypatch.setattr(asyncio, "get_running_loop", lambda: asked.append(1))
+    conn = SimpleNamespace(idle_since=0.0, closed=False)
+    pool.put_back(conn)
+    assert asked == [] and conn.idle_since == 7.0 and pool.idle == [conn]
