@@ -1,12 +1,18 @@
 """Compare gpurouter with nginx and the Rust routers on the same backend, one core each.
 
-    python bench/compare_routers.py [--seconds 10] [--connections 64]
+    python bench/compare_routers.py [--seconds 10] [--connections 64] [--workers 1]
+        [--mode json|sse|streams] [--tokens 64] [--streams 10000]
         [--vllm-router PATH] [--sglang-router PATH]
 
-Not part of CI. The backend is bench/fixed_upstream.py (a fixed JSON answer, fast enough not
-to be what is measured); each proxy is pinned to CPU 0 with `taskset`, the backend and the load
-generator (wrk if installed, else bench/loadgen.py) to the other CPUs. Contenders that are not
-installed are skipped. Tiny JSON bodies, keep-alive connections on both sides.
+Not part of CI. The backend is bench/fixed_upstream.py (fixed answers, fast enough not to be
+what is measured); each proxy is pinned to its `--workers` CPUs with `taskset`, the backend and
+the load generator (wrk if installed, else bench/loadgen.py) to the others. Contenders that are
+not installed are skipped. Keep-alive connections on both sides.
+
+- json: a tiny JSON answer per request; req/s per core of the proxy.
+- sse: `--tokens` SSE events per answer, each written on its own; chunks/s per core.
+- streams: `--streams` streaming requests held open at once, one slow event a second; the
+  proxy's resident memory per open stream (RSS after they opened minus before, over N).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import time
 from pathlib import Path
 
 BODY = '{"model": "m", "prompt": "hi", "max_tokens": 4}'
+STREAM_BODY = '{"model": "m", "prompt": "hi", "max_tokens": 64, "stream": true}'
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -66,16 +73,30 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def group_of(pid: int) -> list[int]:
+    """The process and the others of its process group (workers, children)."""
+    listed = subprocess.run(
+        ["pgrep", "-g", str(os.getpgid(pid))], capture_output=True, text=True
+    ).stdout.split()
+    return [pid] + [int(p) for p in listed if int(p) != pid]
+
+
+def rss_bytes(pid: int) -> int:
+    total = 0
+    for task in group_of(pid):
+        try:
+            status = Path(f"/proc/{task}/status").read_text()
+        except OSError:
+            continue
+        found = re.search(r"VmRSS:\s+(\d+) kB", status)
+        total += int(found.group(1)) * 1024 if found else 0
+    return total
+
+
 def cpu_seconds(pid: int) -> float:
     """User+system CPU of a process and its children so far."""
     total = 0.0
-    for task in [pid] + [
-        int(p)
-        for p in subprocess.run(
-            ["pgrep", "-g", str(os.getpgid(pid))], capture_output=True, text=True
-        ).stdout.split()
-        if int(p) != pid
-    ]:
+    for task in group_of(pid):
         try:
             fields = Path(f"/proc/{task}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -84,12 +105,13 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def load(url: str, seconds: float, connections: int, work: Path) -> dict:
-    other_cpus = f"1-{os.cpu_count() - 1}" if (os.cpu_count() or 1) > 1 else "0"
+def load(
+    url: str, seconds: float, connections: int, work: Path, body: str, other_cpus: str
+) -> dict:
     if shutil.which("wrk"):
         script = work / "post.lua"
         script.write_text(
-            f"wrk.method = \"POST\"\nwrk.body = '{BODY}'\n"
+            f"wrk.method = \"POST\"\nwrk.body = '{body}'\n"
             'wrk.headers["Content-Type"] = "application/json"\n'
         )
         done = subprocess.run(
@@ -140,7 +162,7 @@ def load(url: str, seconds: float, connections: int, work: Path) -> dict:
                 "bench.loadgen",
                 url,
                 "--body",
-                BODY,
+                body,
                 "--connections",
                 str(connections),
                 "--seconds",
@@ -156,14 +178,14 @@ def load(url: str, seconds: float, connections: int, work: Path) -> dict:
     return {**json.loads(done.stdout), "tool": "loadgen"}
 
 
-def nginx_conf(work: Path, port: int, backend: int) -> Path:
+def nginx_conf(work: Path, port: int, backend: int, workers: int) -> Path:
     conf = work / "nginx.conf"
     conf.write_text(f"""
-worker_processes 1;
+worker_processes {workers};
 daemon off;
 pid {work}/nginx.pid;
 error_log {work}/nginx-error.log warn;
-events {{ worker_connections 4096; }}
+events {{ worker_connections 20000; }}
 http {{
   access_log off;
   client_body_temp_path {work}/body;
@@ -191,6 +213,8 @@ def contenders(backend_url: str, work: Path, args) -> dict:
             f"127.0.0.1:{port}",
             "--backend",
             f"m={backend_url}",
+            "--workers",
+            str(args.workers),
         ],
     }
     if shutil.which("nginx"):
@@ -198,7 +222,7 @@ def contenders(backend_url: str, work: Path, args) -> dict:
         found["nginx"] = lambda port: [
             "nginx",
             "-c",
-            str(nginx_conf(work, port, backend_port)),
+            str(nginx_conf(work, port, backend_port, args.workers)),
             "-p",
             str(work),
         ]
@@ -221,72 +245,144 @@ def contenders(backend_url: str, work: Path, args) -> dict:
     return found
 
 
+def cpu_split(workers: int) -> tuple[str, str]:
+    """CPUs for the proxy's workers, and the others for the backend and the load."""
+    cpus = os.cpu_count() or 1
+    proxy = f"0-{workers - 1}" if workers > 1 else "0"
+    if workers >= cpus:
+        print(f"note: {workers} worker(s) on {cpus} CPUs: the load shares the proxy's CPUs")
+        return proxy, f"0-{cpus - 1}"
+    return proxy, f"{workers}-{cpus - 1}" if cpus - workers > 1 else str(workers)
+
+
+def throughput(name, proc, url, args, work, other_cpus) -> tuple[dict, float]:
+    body = STREAM_BODY if args.mode == "sse" else BODY
+    load(url, 2, args.connections, work, body, other_cpus)  # warm-up
+    before = cpu_seconds(proc.pid)
+    result = load(url, args.seconds, args.connections, work, body, other_cpus)
+    return result, (cpu_seconds(proc.pid) - before) / args.seconds
+
+
+def memory_per_stream(proc, url, args, other_cpus) -> dict:
+    before = rss_bytes(proc.pid)
+    holder = subprocess.Popen(
+        pinned(
+            other_cpus,
+            [sys.executable, "-m", "bench.open_streams", url, "--streams", str(args.streams),
+             "--hold", "5"],
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        line = holder.stdout.readline().split()
+        opened = int(line[1]) if line[:1] == ["open"] else 0
+        time.sleep(1.0)
+        after = rss_bytes(proc.pid)
+    finally:
+        holder.wait(60)
+    if not opened:
+        raise RuntimeError("no stream opened")
+    return {"streams": opened, "rss_before": before, "per_stream": (after - before) / opened}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--mode", choices=["json", "sse", "streams"], default="json")
+    parser.add_argument("--tokens", type=int, default=64, help="SSE events per answer (sse)")
+    parser.add_argument("--streams", type=int, default=10_000, help="open at once (streams)")
     parser.add_argument("--vllm-router")
     parser.add_argument("--sglang-router")
     args = parser.parse_args()
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if args.mode == "streams" and 2 * args.streams + 100 > limit:
+        args.streams = (limit - 100) // 2
+        print(f"note: --streams lowered to {args.streams}: a proxy holds two sockets a stream "
+              f"and the open-file limit is {limit}")  # fmt: skip
+    proxy_cpus, other_cpus = cpu_split(args.workers)
     work = Path(tempfile.mkdtemp(prefix="gpufleet-compare-"))
     (work / "body").mkdir()
     (work / "proxy").mkdir()
     backend_port = free_port()
-    other_cpus = f"1-{os.cpu_count() - 1}" if (os.cpu_count() or 1) > 1 else "0"
-    backend = start(
-        pinned(other_cpus, [sys.executable, "-m", "bench.fixed_upstream", str(backend_port)]),
-        work / "backend.log",
-        cwd=ROOT,
-    )
+    backend_argv = [sys.executable, "-m", "bench.fixed_upstream", str(backend_port)]
+    if args.mode == "sse":
+        backend_argv += ["--sse", str(args.tokens)]
+    elif args.mode == "streams":
+        backend_argv += ["--sse", "600", "--every", "1"]
+    backend = start(pinned(other_cpus, backend_argv), work / "backend.log", cwd=ROOT)
     backend_url = f"http://127.0.0.1:{backend_port}"
     rows = []
     try:
         wait_port(backend_port)
-        rows.append(
-            (
-                "direct",
-                load(backend_url + "/v1/completions", args.seconds, args.connections, work),
-                None,
-            )
-        )
+        if args.mode != "streams":
+            body = STREAM_BODY if args.mode == "sse" else BODY
+            direct = load(
+                backend_url + "/v1/completions", args.seconds, args.connections, work, body,
+                other_cpus,
+            )  # fmt: skip
+            rows.append(("direct", direct, None))
         for name, argv in contenders(backend_url, work, args).items():
             port = free_port()
-            proc = start(pinned("0", argv(port)), work / f"{name}.log")
+            proc = start(pinned(proxy_cpus, argv(port)), work / f"{name}.log")
+            url = f"http://127.0.0.1:{port}/v1/completions"
             try:
                 wait_port(port, 60)
                 time.sleep(1.0)  # health checks of the Rust routers, warm-up
-                load(f"http://127.0.0.1:{port}/v1/completions", 2, args.connections, work)
-                before = cpu_seconds(proc.pid)
-                result = load(
-                    f"http://127.0.0.1:{port}/v1/completions", args.seconds, args.connections, work
-                )
-                cores = (cpu_seconds(proc.pid) - before) / args.seconds
-                rows.append((name, result, cores))
+                if args.mode == "streams":
+                    rows.append((name, memory_per_stream(proc, url, args, other_cpus), None))
+                else:
+                    rows.append((name, *throughput(name, proc, url, args, work, other_cpus)))
             except Exception as exc:  # one contender failing does not stop the table
                 rows.append((name, {"error": f"{exc}; see {work / (name + '.log')}"}, None))
             finally:
                 stop(proc)
     finally:
         stop(backend)
+    print_table(rows, args)
+    return 0
+
+
+def print_table(rows, args) -> None:
+    where = f"proxy pinned to CPU {'0' if args.workers == 1 else f'0-{args.workers - 1}'}"
+    if args.mode == "streams":
+        print(f"\nstreams held open at once, one event a second, {where}\n")
+        print(f"{'':14} {'streams':>8} {'RSS before MB':>14} {'KB per stream':>14}")
+        for name, r, _ in rows:
+            if "error" in r:
+                print(f"{name:14} failed: {r['error']}")
+                continue
+            print(
+                f"{name:14} {r['streams']:8d} {r['rss_before'] / 1e6:14.1f}"
+                f" {r['per_stream'] / 1024:14.1f}"
+            )
+        return
+    unit = "chunks/s" if args.mode == "sse" else "req/s"
+    per_answer = args.tokens + 1 if args.mode == "sse" else 1  # the events and [DONE]
+    what = f"{args.tokens} SSE events per answer" if args.mode == "sse" else "tiny JSON"
     print(
-        f"\n{args.connections} keep-alive connections, {args.seconds:.0f} s, tiny JSON, "
-        "proxy pinned to CPU 0\n"
+        f"\n{args.connections} keep-alive connections, {args.seconds:.0f} s, {what}, "
+        f"{args.workers} worker(s), {where}\n"
     )
     print(
-        f"{'':14} {'req/s':>9} {'cores':>6} {'req/s/core':>11} {'p50 ms':>8} {'p99 ms':>8}"
+        f"{'':14} {'req/s':>9} {'cores':>6} {unit + '/core':>15} {'p50 ms':>8} {'p99 ms':>8}"
         f" {'errors':>7}"
     )
     for name, r, cores in rows:
         if "error" in r:
             print(f"{name:14} failed: {r['error']}")
             continue
-        per_core = f"{r['rps'] / cores:11.0f}" if cores else f"{'-':>11}"
+        per_core = f"{r['rps'] * per_answer / cores:15.0f}" if cores else f"{'-':>15}"
         used = f"{cores:6.2f}" if cores else f"{'-':>6}"
         print(
             f"{name:14} {r['rps']:9.0f} {used} {per_core} {r['p50_ms']:8.2f} "
             f"{r['p99_ms']:8.2f} {r['errors']:7d}"
         )
-    return 0
 
 
 if __name__ == "__main__":
