@@ -81,7 +81,7 @@ class Exchange:
         self.ask_each_replica = target[1]
         self.method = method
         self.url = url
-        self.forward_lines = forward_lines  # the client's headers that go on, as lines
+        self.forward_lines = forward_lines  # headers that go on: name, ": ", value, CRLF each
         self.headers = headers
         self.body = body
         self.request_id = request_id
@@ -127,9 +127,11 @@ class Exchange:
         if self.tried:
             self.ctx.metrics.retries += 1
         self.slot = slot
+        # The first pick is microseconds after the start: its time will do.
+        now = self.ctx.loop.time() if self.tried else self.started
         self.tried += (slot,)
         self.pool = pool = self.ctx.pool_for(table.endpoint_url(slot))
-        conn = pool.take_idle(self.ctx.loop.time())
+        conn = pool.take_idle(now)
         if conn is not None:
             self._send(conn, reused=True)
         else:
@@ -218,7 +220,12 @@ class Exchange:
         if connection and connection.lower() not in CONNECTION_WITHOUT_NAMES:
             # Headers the client's Connection header names are hop-by-hop too.
             named = {t.strip().lower() for t in connection.split(b",")}
-            lines = [line for line in lines if line.split(b":", 1)[0] not in named]
+            lines = [
+                piece
+                for at in range(0, len(lines), 4)
+                if lines[at] not in named
+                for piece in lines[at : at + 4]
+            ]
         forwarded = self.headers.get(b"x-forwarded-for")
         peer = self.client.peer
         return b"".join(
@@ -303,7 +310,8 @@ class Exchange:
             if self.ctx.table.release(slot, failed):
                 self._ejected(slot)
         self.ctx.metrics.in_flight -= 1
-        self.stats.finished(status, self.ctx.loop.time() - self.started if self.tried else None)
+        now = self.ctx.loop.time()
+        self.stats.finished(status, now - self.started if self.tried else None)
         client = self.client
         if client.closed:
             client.exchange = None
@@ -312,7 +320,7 @@ class Exchange:
             message, code = error if len(error) == 2 else (error[0], None)
             client.respond(status, error_body(status, message, code), self.request_id, extra)
         else:
-            client.request_done()
+            client.request_done(now)
 
     def _broke(self, exc: BaseException) -> None:
         """A bug on some path: log it, and still end the exchange properly."""

@@ -116,10 +116,10 @@ class ClientConnection(asyncio.Protocol):
             raise RequestRefused(431, "request headers are too large")
         name = name.lower()
         self.headers[name] = value
-        # Sorted as it is parsed into the lines the replica will get: the forwarded request
-        # is then one join.
+        # Sorted as it is parsed into the pieces of the lines the replica will get (four per
+        # header: no formatting per header); the forwarded request is then one join.
         if name not in NOT_FORWARDED:
-            self.forward_lines.append(b"%s: %s\r\n" % (name, value))
+            self.forward_lines += (name, b": ", value, b"\r\n")
 
     def on_headers_complete(self) -> None:
         length = self.headers.get(b"content-length")
@@ -230,11 +230,11 @@ class ClientConnection(asyncio.Protocol):
         if not self.keep_alive:
             head += b"connection: close\r\n"
         self.transport.write(head + extra + b"\r\n" + body)
-        self.request_done()
+        self.request_done(self.ctx.loop.time())
 
-    def request_done(self) -> None:
+    def request_done(self, now: float) -> None:
         self.exchange = None
-        self.idle_since = self.ctx.loop.time()
+        self.idle_since = now
         if not self.keep_alive:
             self.close()
             return

@@ -19,7 +19,8 @@ from router.forwarding import NOT_RELAYED
 
 class ResponseListener(Protocol):
     def upstream_headers(self, status: int, reason: bytes, head: UpstreamConnection) -> None:
-        """`head.relayed`: the header lines to pass on; `head.length_given`, `head.sse`."""
+        """`head.relayed`: the pieces of the header lines to pass on; `head.length_given`,
+        `head.sse`."""
 
 
     def upstream_body(self, data: bytes) -> None: ...
@@ -96,19 +97,19 @@ class UpstreamConnection(asyncio.Protocol):
         self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Each header is sorted as it is parsed, into the lines the client will get: the
-        # relayed head is then one join.
+        # Each header is sorted as it is parsed, into the pieces of the lines the client will
+        # get (no formatting per header): the relayed head is then one join.
         lower = name.lower()
         if lower in NOT_RELAYED:
             if lower == b"content-length":
                 self.framed = self.length_given = True
-                self.relayed.append(b"content-length: %s\r\n" % value)
+                self.relayed += (b"content-length: ", value, b"\r\n")
             elif lower == b"transfer-encoding":
                 self.framed = True
             return
         if lower == b"content-type" and value.startswith(b"text/event-stream"):
             self.sse = True
-        self.relayed.append(b"%s: %s\r\n" % (name, value))
+        self.relayed += (name, b": ", value, b"\r\n")
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
