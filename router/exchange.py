@@ -66,7 +66,7 @@ class Exchange:
         "method", "url", "forward_lines", "headers", "body", "request_id", "started",
         "outgoing", "key", "stage", "slot", "tried", "upstream", "pool", "connecting",
         "stale_retried", "chunked", "sse", "status", "deadline", "first_chunk_seen",
-        "last_failure", "__weakref__",
+        "last_failure",
     )  # fmt: skip
 
     def __init__(
