@@ -64,6 +64,7 @@ def test_idle_model_goes_to_zero_and_200_requests_wake_it(procs, tmp_path):
     statuses, first_answer = wake_with(router, 200)
     assert statuses == [200] * 200
     assert len(placed_events(fleet)) == placed_before + 1, "exactly one replica started"
+    assert started_in(fleet) >= STARTUP_S, "Ready only once /health stopped answering 503"
     # How long the wake took is measured against the engine's start-up in bench/.
     print(
         f"wake: engine start-up {started_in(fleet):.2f} s, first answer after {first_answer:.2f} s"
