@@ -22,7 +22,6 @@ class ResponseListener(Protocol):
         """`head.relayed`: the pieces of the header lines to pass on; `head.length_given`,
         `head.sse`."""
 
-
     def upstream_body(self, data: bytes) -> None: ...
     def upstream_complete(self, reusable: bool) -> None: ...
     def upstream_lost(self, reason: str, reused: bool) -> None: ...
@@ -208,8 +207,8 @@ class UpstreamPool:
         self.max_idle_s = max_idle_s
         self.idle: list[UpstreamConnection] = []
         self.open: set[UpstreamConnection] = set()
-        # Kept rather than asked for per request: asyncio.get_running_loop() makes a getpid()
-        # system call each time.
+        # The router's loop, given rather than asked for per request:
+        # asyncio.get_running_loop() makes a getpid() system call each time.
         self.loop = loop
 
     def take_idle(self, now: float) -> UpstreamConnection | None:
@@ -226,7 +225,7 @@ class UpstreamPool:
         return None
 
     async def connect(self) -> UpstreamConnection:
-        loop = self.loop = asyncio.get_running_loop()
+        loop = self.loop or asyncio.get_running_loop()
         _, conn = await asyncio.wait_for(
             loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port),
             self.connect_timeout,
@@ -240,10 +239,7 @@ class UpstreamPool:
 
     def put_back(self, conn: UpstreamConnection) -> None:
         if len(self.idle) < self.max_idle:
-            loop = self.loop
-            if loop is None:
-                loop = self.loop = asyncio.get_running_loop()
-            conn.idle_since = loop.time()
+            conn.idle_since = (self.loop or asyncio.get_running_loop()).time()
             self.idle.append(conn)
         else:
             conn.close()
