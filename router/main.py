@@ -14,7 +14,7 @@ import yaml
 
 from cli.listen import parse_listen
 from router.context import ProxyConfig
-from router.routes import static_affinity, static_routes
+from router.routes import static_config
 from router.server import RouterServer, RouterSettings
 
 
@@ -165,8 +165,7 @@ def main(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     host, port = parse_listen(listen)
     try:
-        routes = static_routes(list(backends), routes_file)
-        affinity_by_model = static_affinity(routes_file)
+        routes, affinity_by_model = static_config(list(backends), routes_file)
     except (ValueError, KeyError, OSError) as exc:
         raise click.UsageError(str(exc)) from None
     if not routes and not control_plane:
@@ -180,9 +179,7 @@ def main(
         port=port,
         static_routes=routes,
         static_affinity=affinity_by_model,
-        reload_routes=None
-        if control_plane
-        else lambda: (static_routes(list(backends), routes_file), static_affinity(routes_file)),
+        reload_routes=None if control_plane else lambda: static_config(list(backends), routes_file),
         control_plane=control_plane,
         token=read_token(token_file),
         router_id=router_id,

@@ -67,39 +67,47 @@ def read_routes_file(path: str) -> dict:
     return loaded.get("models", loaded)
 
 
-def static_affinity(routes_file: str | None) -> dict[str, str]:
+def static_config(
+    backends: list[str], routes_file: str | None
+) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str]]:
+    """(routes, per-model affinity) from `--backend` flags and a routes file, read once so that
+    both come from the same version of the file."""
+    entries = read_routes_file(routes_file) if routes_file else {}
+    return static_routes(backends, entries, routes_file), static_affinity(entries, routes_file)
+
+
+def static_affinity(entries: dict, source: str | None) -> dict[str, str]:
     """Per-model affinity from a routes file's {model: {endpoints, affinity}} entries."""
-    if not routes_file:
-        return {}
     chosen = {}
-    for model, entry in read_routes_file(routes_file).items():
+    for model, entry in entries.items():
         if isinstance(entry, dict) and "affinity" in entry:
             # YAML 1.1 reads a bare `off` as false.
             mode = "off" if entry["affinity"] is False else entry["affinity"]
             if mode not in AFFINITY_MODES:
                 choices = ", ".join(AFFINITY_MODES)
-                raise ValueError(f"{routes_file}: model {model!r}: affinity is one of {choices}")
+                raise ValueError(f"{source}: model {model!r}: affinity is one of {choices}")
             chosen[str(model)] = mode
     return chosen
 
 
-def static_routes(backends: list[str], routes_file: str | None) -> dict[str, list[tuple[str, str]]]:
-    """Routes from `--backend MODEL=URL` flags and a YAML file of {model: [url | {id, url}]}
-    (or {model: {endpoints: [...], affinity: off|session|prefix}})."""
+def static_routes(
+    backends: list[str], entries: dict, source: str | None
+) -> dict[str, list[tuple[str, str]]]:
+    """Routes from `--backend MODEL=URL` flags and a routes file's {model: [url | {id, url}]}
+    (or {model: {endpoints: [...], affinity: off|session|prefix}}) entries."""
     routes: dict[str, list[tuple[str, str]]] = {}
-    if routes_file:
-        for model, entry in read_routes_file(routes_file).items():
-            endpoints = entry.get("endpoints") if isinstance(entry, dict) else entry
-            if not isinstance(endpoints, list):
-                raise ValueError(f"{routes_file}: model {model!r} needs a list of endpoints")
-            routes.setdefault(str(model), [])
-            for endpoint in endpoints:
-                if isinstance(endpoint, dict):
-                    routes.setdefault(str(model), []).append(
-                        (str(endpoint.get("id") or endpoint["url"]), str(endpoint["url"]))
-                    )
-                else:
-                    routes.setdefault(str(model), []).append((str(endpoint), str(endpoint)))
+    for model, entry in entries.items():
+        endpoints = entry.get("endpoints") if isinstance(entry, dict) else entry
+        if not isinstance(endpoints, list):
+            raise ValueError(f"{source}: model {model!r} needs a list of endpoints")
+        routes.setdefault(str(model), [])
+        for endpoint in endpoints:
+            if isinstance(endpoint, dict):
+                routes[str(model)].append(
+                    (str(endpoint.get("id") or endpoint["url"]), str(endpoint["url"]))
+                )
+            else:
+                routes[str(model)].append((str(endpoint), str(endpoint)))
     for flag in backends:
         model, sep, url = flag.partition("=")
         if not sep or not model or not url.startswith("http://"):
