@@ -6,27 +6,37 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test run lint bench clean
 
-$(STAMP): pyproject.toml setup.py router/_fastpath.pyx
+# The compiled router modules: their .py (and .pxd) sources; an extension older than its source
+# would shadow it, so every target that runs code builds them first.
+COMPILED_SOURCES := router/_fastpath.pyx $(wildcard router/*.pxd) \
+  $(patsubst %.pxd,%.py,$(wildcard router/*.pxd))
+BUILT := $(VENV)/.compiled
+
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+$(BUILT): $(STAMP) $(COMPILED_SOURCES)
+	$(BIN)/python setup.py -q build_ext --inplace
+	touch $(BUILT)
+
 ## test: install, build the extension, lint, run every test and perf gate
-test: $(STAMP)
+test: $(BUILT)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests bench; status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$status
 
 ## run: install, then start a whole fleet on this machine (gpuctl up)
-run: $(STAMP)
+run: $(BUILT)
 	$(BIN)/gpuctl up
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-bench: $(STAMP)
+bench: $(BUILT)
 	$(BIN)/python -m pytest -q bench --benchmark-columns=min,mean,ops -s
 
 clean:
-	rm -rf $(VENV) build *.egg-info router/_fastpath.c router/*.so router/*.html
+	rm -rf $(VENV) build *.egg-info router/*.c router/*.so router/*.html

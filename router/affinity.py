@@ -52,7 +52,7 @@ def prompt_prefix(payload: dict, chars: int) -> str:
                 continue
             content = message.get("content")
             if type(content) is list:  # content parts: the text ones
-                content = "".join(p.get("text", "") for p in content if type(p) is dict)
+                content = "".join([p.get("text", "") for p in content if type(p) is dict])
             role = message.get("role", "")
             part = f"<|{role}|>{content or ''}"
             parts.append(part)

@@ -61,13 +61,7 @@ class LifecycleError(RuntimeError):
 
 
 class Exchange:
-    __slots__ = (
-        "client", "ctx", "model", "routed_model", "label", "stats", "ask_each_replica",
-        "method", "url", "forward_lines", "headers", "body", "request_id", "started",
-        "outgoing", "key", "stage", "slot", "tried", "upstream", "pool", "connecting",
-        "stale_retried", "chunked", "sse", "status", "deadline", "first_chunk_seen",
-        "last_failure",
-    )  # fmt: skip
+    """Attributes and the C-level methods are typed in exchange.pxd."""
 
     def __init__(
         self, client, target, method, url, forward_lines, headers, body, request_id, key=0
@@ -123,7 +117,8 @@ class Exchange:
                 self.routed_model = alias
                 slot = table.acquire(alias, self.key, self.tried)
         if slot < 0:
-            return self._no_replica(slot)
+            self._no_replica(slot)
+            return
         if self.tried:
             self.ctx.metrics.retries += 1
         self.slot = slot
@@ -139,14 +134,17 @@ class Exchange:
 
     def _no_replica(self, result: int) -> None:
         if result == NO_MODEL:
-            return self._finish(
+            self._finish(
                 404, error=(f"The model `{self.model}` does not exist.", "model_not_found")
             )
+            return
         if self.tried and result == NO_ENDPOINT:
             if self.ask_each_replica:
-                return self._finish(404, error=(f"no replica of `{self.model}` knows {self.path}",))
+                self._finish(404, error=(f"no replica of `{self.model}` knows {self.path}",))
+                return
             why = f"no replica of `{self.model}` answered ({self.last_failure})"
-            return self._finish(502, error=(why,))
+            self._finish(502, error=(why,))
+            return
         self._move(WAITING)
         if result == NO_ENDPOINT and self.ctx.park(self):
             # Held until a replica's route arrives (the control plane was told at once).
@@ -193,7 +191,8 @@ class Exchange:
                 conn = await pool.connect()
             except (TimeoutError, OSError) as exc:
                 kind = "connect_timeout" if isinstance(exc, TimeoutError) else "connect_error"
-                return self._replica_failed(kind)
+                self._replica_failed(kind)
+                return
             self.connecting = None
             if self.stage is not CONNECT:
                 pool.put_back(conn)
@@ -252,7 +251,8 @@ class Exchange:
             # connections): not the replica's fault. Once, the same replica on a new one.
             self.stale_retried = True
             self.ctx.metrics.upstream_error(self.label, "stale_connection")
-            return self._connect()
+            self._connect()
+            return
         self._replica_failed("reset")
 
     def _replica_failed(self, kind: str) -> None:
@@ -262,7 +262,8 @@ class Exchange:
         self.ctx.metrics.upstream_error(self.label, kind)
         self._release(failed=True)
         if len(self.tried) < self.ctx.config.max_tries:
-            return self._pick()
+            self._pick()
+            return
         self._finish(502, error=(f"no replica of `{self.model}` answered ({kind})",))
 
     def _release(self, failed: bool) -> None:
@@ -356,7 +357,8 @@ class Exchange:
                 upstream, self.upstream = self.upstream, None
                 upstream.detach()
                 self._release(failed=False)
-                return self._pick()
+                self._pick()
+                return
             self.stage = RELAY  # from SEND, checked above: always a legal move
             self.status = status
             self.deadline = self.ctx.loop.time() + self.ctx.config.idle_timeout_s
@@ -427,11 +429,12 @@ class Exchange:
         try:
             if self.stage is WAITING and now >= self.deadline:
                 waited = round(self.ctx.config.park_timeout_s)
-                return self._finish(
+                self._finish(
                     503,
                     error=(f"no replica of `{self.model}` came within {waited}s; retry later",),
                     extra=b"retry-after: 5\r\n",
                 )
+                return
             if self.stage not in (SEND, RELAY) or now < self.deadline:
                 return
             upstream, self.upstream = self.upstream, None

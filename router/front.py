@@ -33,7 +33,10 @@ class RequestRefused(Exception):
         self.status = status
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection:
+    """An asyncio protocol (by its methods: a compiled class cannot derive from
+    asyncio.Protocol); attributes and C-level methods are typed in front.pxd."""
+
     def __init__(self, ctx: ProxyContext) -> None:
         self.ctx = ctx
         self.transport: asyncio.Transport | None = None
@@ -158,17 +161,20 @@ class ClientConnection(asyncio.Protocol):
         path = url.split(b"?", 1)[0]
         if path.startswith(b"/v1/"):
             if ctx.config.api_keys and not ctx.authorised(headers):
-                return self.respond_error(
+                self.respond_error(
                     401, "invalid or missing API key", request_id, code="invalid_api_key"
                 )
+                return
             if method == b"GET" and path.startswith(b"/v1/models"):
-                return self.list_models(path, request_id)
+                self.list_models(path, request_id)
+                return
             try:
                 target = target_of(method, url, headers, body)
             except Refusal as refusal:
-                return self.respond_error(
+                self.respond_error(
                     refusal.status, str(refusal), request_id, refusal.code, refusal.param
                 )
+                return
             mode = ctx.affinity_by_model.get(target[0], ctx.config.affinity)
             key = 0
             if mode != OFF:
@@ -177,31 +183,38 @@ class ClientConnection(asyncio.Protocol):
                 self, target, method, url, forward_lines, headers, body, request_id, key
             )
             ctx.metrics.in_flight += 1
-            return exchange.start()
+            exchange.start()
+            return
         self.serve_own_endpoint(path, headers, request_id)
 
     def serve_own_endpoint(self, path: bytes, headers: dict, request_id: bytes) -> None:
         if path == b"/healthz":
-            return self.respond(200, b'{"status":"ok"}', request_id)
+            self.respond(200, b'{"status":"ok"}', request_id)
+            return
         if path == b"/metrics":
             text = self.ctx.metrics_text()
-            return self.respond(200, text, request_id, content_type=PROMETHEUS_TEXT)
+            self.respond(200, text, request_id, content_type=PROMETHEUS_TEXT)
+            return
         if path == b"/activity":
             if not self.ctx.authorised(headers):
-                return self.respond_error(
+                self.respond_error(
                     401, "invalid or missing API key", request_id, code="invalid_api_key"
                 )
-            return self.respond(200, orjson.dumps(self.ctx.activity()), request_id)
+                return
+            self.respond(200, orjson.dumps(self.ctx.activity()), request_id)
+            return
         self.respond_error(404, f"no route for {path.decode(errors='replace')}", request_id)
 
     def list_models(self, path: bytes, request_id: bytes) -> None:
         cards = self.ctx.catalog.cards(self.ctx.table.models())
         if path.rstrip(b"/") == b"/v1/models":
-            return self.respond(200, orjson.dumps({"object": "list", "data": cards}), request_id)
+            self.respond(200, orjson.dumps({"object": "list", "data": cards}), request_id)
+            return
         wanted = path[len(b"/v1/models/") :].decode(errors="replace")
         for card in cards:
             if card["id"] == wanted:
-                return self.respond(200, orjson.dumps(card), request_id)
+                self.respond(200, orjson.dumps(card), request_id)
+                return
         self.respond_error(
             404, f"The model `{wanted}` does not exist.", request_id, code="model_not_found"
         )

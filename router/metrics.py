@@ -30,7 +30,7 @@ def escape_label(value: str) -> str:
 
 
 class Histogram:
-    __slots__ = ("buckets", "counts", "total", "count")
+    """Attributes typed in metrics.pxd."""
 
     def __init__(self, buckets: tuple) -> None:
         self.buckets = buckets
@@ -48,9 +48,7 @@ class Histogram:
 
 
 class ModelStats:
-    """One label's per-request counters, looked up once per request."""
-
-    __slots__ = ("requests", "durations", "first_token")
+    """One label's per-request counters, looked up once per request; typed in metrics.pxd."""
 
     def __init__(self) -> None:
         self.requests: dict[int, int] = {}

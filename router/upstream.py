@@ -28,22 +28,9 @@ class ResponseListener(Protocol):
     def flush(self) -> None: ...
 
 
-class UpstreamConnection(asyncio.Protocol):
-    __slots__ = (
-        "pool",
-        "transport",
-        "parser",
-        "listener",
-        "relayed",
-        "length_given",
-        "sse",
-        "reason",
-        "closed",
-        "headers_done",
-        "framed",
-        "served",
-        "idle_since",
-    )
+class UpstreamConnection:
+    """An asyncio protocol (by its methods: a compiled class cannot derive from
+    asyncio.Protocol); attributes are typed in upstream.pxd."""
 
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool

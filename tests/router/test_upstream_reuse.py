@@ -84,11 +84,11 @@ def test_a_connection_goes_back_to_its_pool_without_asking_asyncio_for_the_loop(
     """asyncio.get_running_loop() costs a getpid() system call: not once per request."""
     from types import SimpleNamespace
 
-    from router.upstream import UpstreamPool
+    from router.upstream import UpstreamConnection, UpstreamPool
 
     pool = UpstreamPool("http://127.0.0.1:9", 1.0, loop=SimpleNamespace(time=lambda: 7.0))
     asked = []
     monkeypatch.setattr(asyncio, "get_running_loop", lambda: asked.append(1))
-    conn = SimpleNamespace(idle_since=0.0, closed=False)
+    conn = UpstreamConnection(pool)
     pool.put_back(conn)
     assert asked == [] and conn.idle_since == 7.0 and pool.idle == [conn]

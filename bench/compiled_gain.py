@@ -1,0 +1,84 @@
+"""What compiling the request path wins: `bench.proxy_inprocess` on the compiled modules and on
+the same source interpreted (`GPUROUTER_NO_EXTENSIONS=1`), run by run in turn in one process.
+
+    python -m bench.compiled_gain [--pairs 31] [--requests 3000] [--json]
+
+Both builds of the router are imported side by side: the interpreted one first, through the
+switch that `GPUROUTER_NO_EXTENSIONS=1` sets, then the compiled one; each run uses its own.
+The figure is the median of the per-pair ratios (interpreted time / compiled time), which the
+drift of a shared machine moves far less than either time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import orjson
+
+
+def load_run(compiled: bool):
+    """`run` of bench.proxy_inprocess over the compiled router modules or over their source."""
+    from router import compiled as switch
+
+    for name in [m for m in sys.modules if m.split(".")[0] in ("router", "bench")]:
+        del sys.modules[name]
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "SourceOnly"]
+    if compiled:
+        os.environ.pop("GPUROUTER_NO_EXTENSIONS", None)
+    else:
+        os.environ["GPUROUTER_NO_EXTENSIONS"] = "1"
+    try:
+        from bench.proxy_inprocess import run
+        from router import fastpath
+        from router import front
+    finally:
+        os.environ.pop("GPUROUTER_NO_EXTENSIONS", None)
+    if switch.is_compiled(front) != compiled or fastpath.USING_EXTENSION != compiled:
+        raise RuntimeError(
+            "the compiled router modules are not built (python setup.py build_ext --inplace)"
+            if compiled
+            else "the source of the router modules could not be imported"
+        )
+    return run
+
+
+def measure(pairs: int, requests: int) -> dict:
+    interpreted, compiled = load_run(compiled=False), load_run(compiled=True)
+    interpreted(requests), compiled(requests)  # warm up
+    slow, fast = [], []
+    for _ in range(pairs):
+        slow.append(interpreted(requests))
+        fast.append(compiled(requests))
+    ratios = sorted(s / f for s, f in zip(slow, fast, strict=True))
+    return {
+        "interpreted_us": statistics.median(slow) * 1e6,
+        "compiled_us": statistics.median(fast) * 1e6,
+        "ratio": statistics.median(ratios),
+        "lowest_pair": ratios[0],
+        "highest_pair": ratios[-1],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=31)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    figures = measure(args.pairs, args.requests)
+    if args.json:
+        print(orjson.dumps(figures).decode())
+        return
+    print(
+        f"interpreted {figures['interpreted_us']:.2f} µs, compiled {figures['compiled_us']:.2f} µs"
+        f" per request (medians); interpreted/compiled, median of {args.pairs} pairs:"
+        f" {figures['ratio']:.2f} (pairs from {figures['lowest_pair']:.2f}"
+        f" to {figures['highest_pair']:.2f})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+# Types of router/exchange.py when compiled (Cython's pure Python mode): the .py is the code.
+
+from router.metrics cimport ModelStats
+from router.upstream cimport UpstreamConnection, UpstreamPool
+
+
+cdef class Exchange:
+    cdef public object client
+    cdef public object ctx
+    cdef public str model
+    cdef public str routed_model
+    cdef public str label
+    cdef public ModelStats stats
+    cdef public bint ask_each_replica
+    cdef public bytes method
+    cdef public bytes url
+    cdef public list forward_lines
+    cdef public dict headers
+    cdef public bytes body
+    cdef public bytes request_id
+    cdef public double started
+    cdef public list outgoing
+    cdef public object key
+    cdef public object stage
+    cdef public long slot
+    cdef public tuple tried
+    cdef public UpstreamConnection upstream
+    cdef public UpstreamPool pool
+    cdef public object connecting
+    cdef public bint stale_retried
+    cdef public bint chunked
+    cdef public bint sse
+    cdef public int status
+    cdef public double deadline
+    cdef public bint first_chunk_seen
+    cdef public str last_failure
+
+    cpdef void _move(self, object stage) except *
+    cpdef void start(self)
+    cdef void _pick(self) except *
+    cdef void _no_replica(self, long result) except *
+    cdef void _connect(self) except *
+    cdef void _send(self, UpstreamConnection conn, bint reused) except *
+    cpdef bytes request_bytes(self, UpstreamPool pool)
+    cdef void _lost_before_answer(self, bint reused) except *
+    cdef void _replica_failed(self, str kind) except *
+    cdef void _release(self, bint failed) except *
+    cdef void _ejected(self, long slot) except *
+    cdef void _end_broken_answer(self, str message) except *
+    cpdef void _finish(self, int status, bint failed=*, tuple error=*, bytes extra=*) except *
+    cdef void _broke(self, object exc)
+    cpdef void flush(self) except *

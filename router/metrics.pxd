@@ -1,0 +1,18 @@
+# Types of the per-request counters in router/metrics.py when compiled (Cython's pure Python
+# mode): the .py is the code.
+
+cdef class Histogram:
+    cdef public tuple buckets
+    cdef public list counts
+    cdef public double total
+    cdef public long count
+
+    cpdef void observe(self, double value) except *
+
+
+cdef class ModelStats:
+    cdef public dict requests
+    cdef public dict durations
+    cdef public Histogram first_token
+
+    cpdef void finished(self, int status, object seconds) except *

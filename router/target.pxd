@@ -1,0 +1,3 @@
+# Types of router/target.py when compiled (Cython's pure Python mode): the .py is the code.
+
+cpdef tuple target_of(bytes method, bytes url, dict headers, bytes body)

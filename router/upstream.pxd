@@ -1,0 +1,38 @@
+# Types of router/upstream.py when compiled (Cython's pure Python mode): the .py is the code.
+
+cdef class UpstreamConnection:
+    cdef public UpstreamPool pool
+    cdef public object transport
+    cdef public object parser
+    cdef public object listener
+    cdef public list relayed
+    cdef public bint length_given
+    cdef public bint sse
+    cdef public bytes reason
+    cdef public bint closed
+    cdef public bint headers_done
+    cdef public bint framed
+    cdef public long served
+    cdef public double idle_since
+
+    cpdef bint send(self, object listener, bytes request)
+    cpdef void close(self)
+    cpdef void detach(self)
+
+
+cdef class UpstreamPool:
+    cdef public str url
+    cdef public str host
+    cdef public int port
+    cdef public bytes host_header
+    cdef public bytes path_prefix
+    cdef public double connect_timeout
+    cdef public Py_ssize_t max_idle
+    cdef public double max_idle_s
+    cdef public list idle
+    cdef public set open
+    cdef public object loop
+
+    cpdef UpstreamConnection take_idle(self, double now)
+    cpdef void put_back(self, UpstreamConnection conn)
+    cpdef void forget(self, UpstreamConnection conn)
