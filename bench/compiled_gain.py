@@ -32,8 +32,7 @@ def load_run(compiled: bool):
         os.environ["GPUROUTER_NO_EXTENSIONS"] = "1"
     try:
         from bench.proxy_inprocess import run
-        from router import fastpath
-        from router import front
+        from router import fastpath, front
     finally:
         os.environ.pop("GPUROUTER_NO_EXTENSIONS", None)
     if switch.is_compiled(front) != compiled or fastpath.USING_EXTENSION != compiled:

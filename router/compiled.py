@@ -22,6 +22,7 @@ COMPILED_MODULES = (
     "router.target",
     "router.affinity",
     "router.upstream",
+    "router.context",
     "router.exchange",
     "router.front",
 )

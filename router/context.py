@@ -40,6 +40,8 @@ class ProxyConfig:
 
 
 class ProxyContext:
+    """Attributes and the per-request methods are typed in context.pxd."""
+
     def __init__(
         self,
         table,
@@ -72,6 +74,13 @@ class ProxyContext:
         self.parked_since: dict[str, float] = {}
         self.on_demand: Callable[[str, int], None] | None = None
         self.affinity_by_model: dict[str, str] = {}  # per-model overrides of config.affinity
+        # Settings read on every request, kept as typed attributes of their own.
+        self.keys_required = bool(config.api_keys)
+        self.affinity = config.affinity
+        self.affinity_prefix_chars = config.affinity_prefix_chars
+        self.first_byte_timeout_s = config.first_byte_timeout_s
+        self.idle_timeout_s = config.idle_timeout_s
+        self.max_tries = config.max_tries
 
     def new_request_id(self) -> bytes:
         return b"%s%d" % (self._id_prefix, next(self._ids))
@@ -86,7 +95,7 @@ class ProxyContext:
 
     def refresh_routed_models(self) -> None:
         """The names metrics may carry as labels: the table's models and served adapters."""
-        self.routed_models = frozenset(self.table.models()) | self.catalog.aliases.keys()
+        self.routed_models = frozenset(self.table.models()).union(self.catalog.aliases)
 
     def on_tick(self) -> None:
         """Once a tick: what changes slowly is refreshed here, not per request."""

@@ -1,12 +1,29 @@
 # Types of router/exchange.py when compiled (Cython's pure Python mode): the .py is the code.
 
+from router.context cimport ProxyContext
 from router.metrics cimport ModelStats
-from router.upstream cimport UpstreamConnection, UpstreamPool
+from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
 
 
-cdef class Exchange:
-    cdef public object client
-    cdef public object ctx
+cdef class Exchange
+
+
+cdef class ClientSide:
+    cdef public ProxyContext ctx
+    cdef public object transport
+    cdef public bytes peer
+    cdef public Exchange exchange
+    cdef public bint closed
+    cdef public bint keep_alive
+
+    cpdef void respond(self, int status, bytes body, bytes request_id=*, bytes extra=*, bytes content_type=*) except *
+    cpdef void request_done(self, double now) except *
+    cpdef void close(self)
+
+
+cdef class Exchange(ResponseListener):
+    cdef public ClientSide client
+    cdef public ProxyContext ctx
     cdef public str model
     cdef public str routed_model
     cdef public str label
@@ -50,3 +67,7 @@ cdef class Exchange:
     cpdef void _finish(self, int status, bint failed=*, tuple error=*, bytes extra=*) except *
     cdef void _broke(self, object exc)
     cpdef void flush(self) except *
+    cpdef void upstream_headers(self, int status, bytes reason, UpstreamConnection head) except *
+    cpdef void upstream_body(self, bytes data) except *
+    cpdef void upstream_complete(self, bint reusable) except *
+    cpdef void upstream_lost(self, str reason, bint reused) except *

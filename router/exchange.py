@@ -23,7 +23,7 @@ from router.errors import REASONS, error_body, sse_error_event
 from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
-from router.upstream import UpstreamConnection, UpstreamPool
+from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
 
 log = logging.getLogger("gpurouter.exchange")
 
@@ -60,7 +60,22 @@ class LifecycleError(RuntimeError):
     pass
 
 
-class Exchange:
+class ClientSide:
+    """What an exchange needs of the client connection it answers (`front.ClientConnection`).
+    A base class rather than a protocol so that, compiled, these are C calls; attributes in
+    exchange.pxd."""
+
+    def respond(self, status, body, request_id=b"", extra=b"", content_type=b"") -> None:
+        raise NotImplementedError
+
+    def request_done(self, now: float) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Exchange(ResponseListener):
     """Attributes and the C-level methods are typed in exchange.pxd."""
 
     def __init__(
@@ -206,7 +221,7 @@ class Exchange:
     def _send(self, conn: UpstreamConnection, reused: bool) -> None:
         self._move(SEND)
         self.upstream = conn
-        self.deadline = self.ctx.loop.time() + self.ctx.config.first_byte_timeout_s
+        self.deadline = self.ctx.loop.time() + self.ctx.first_byte_timeout_s
         if not conn.send(self, self.request_bytes(self.pool)):
             # The replica closed the connection before the request could go.
             self.upstream = None
@@ -261,7 +276,7 @@ class Exchange:
         self.last_failure = kind
         self.ctx.metrics.upstream_error(self.label, kind)
         self._release(failed=True)
-        if len(self.tried) < self.ctx.config.max_tries:
+        if len(self.tried) < self.ctx.max_tries:
             self._pick()
             return
         self._finish(502, error=(f"no replica of `{self.model}` answered ({kind})",))
@@ -361,7 +376,7 @@ class Exchange:
                 return
             self.stage = RELAY  # from SEND, checked above: always a legal move
             self.status = status
-            self.deadline = self.ctx.loop.time() + self.ctx.config.idle_timeout_s
+            self.deadline = self.ctx.loop.time() + self.ctx.idle_timeout_s
             self.sse = head.sse
             self.chunked = chunked = not head.length_given
             self.outgoing.append(
@@ -391,7 +406,7 @@ class Exchange:
             if not self.first_chunk_seen:
                 self.first_chunk_seen = True
                 self.stats.first_token.observe(now - self.started)
-            self.deadline = now + self.ctx.config.idle_timeout_s
+            self.deadline = now + self.ctx.idle_timeout_s
             if self.chunked:
                 self.outgoing.append(b"%x\r\n%s\r\n" % (len(data), data))
             else:

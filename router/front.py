@@ -18,7 +18,7 @@ import orjson
 from router.affinity import OFF, affinity_key
 from router.context import ProxyContext
 from router.errors import REASONS, error_body
-from router.exchange import Exchange
+from router.exchange import ClientSide, Exchange
 from router.forwarding import NOT_FORWARDED
 from router.target import Refusal, target_of
 
@@ -33,7 +33,7 @@ class RequestRefused(Exception):
         self.status = status
 
 
-class ClientConnection:
+class ClientConnection(ClientSide):
     """An asyncio protocol (by its methods: a compiled class cannot derive from
     asyncio.Protocol); attributes and C-level methods are typed in front.pxd."""
 
@@ -122,7 +122,11 @@ class ClientConnection:
         # Sorted as it is parsed into the pieces of the lines the replica will get (four per
         # header: no formatting per header); the forwarded request is then one join.
         if name not in NOT_FORWARDED:
-            self.forward_lines += (name, b": ", value, b"\r\n")
+            lines = self.forward_lines
+            lines.append(name)
+            lines.append(b": ")
+            lines.append(value)
+            lines.append(b"\r\n")
 
     def on_headers_complete(self) -> None:
         length = self.headers.get(b"content-length")
@@ -160,7 +164,7 @@ class ClientConnection:
         request_id = headers.get(b"x-request-id") or ctx.new_request_id()
         path = url.split(b"?", 1)[0]
         if path.startswith(b"/v1/"):
-            if ctx.config.api_keys and not ctx.authorised(headers):
+            if ctx.keys_required and not ctx.authorised(headers):
                 self.respond_error(
                     401, "invalid or missing API key", request_id, code="invalid_api_key"
                 )
@@ -175,10 +179,10 @@ class ClientConnection:
                     refusal.status, str(refusal), request_id, refusal.code, refusal.param
                 )
                 return
-            mode = ctx.affinity_by_model.get(target[0], ctx.config.affinity)
+            mode = ctx.affinity_by_model.get(target[0], ctx.affinity)
             key = 0
             if mode != OFF:
-                key = affinity_key(target[2], headers, mode, ctx.config.affinity_prefix_chars)
+                key = affinity_key(target[2], headers, mode, ctx.affinity_prefix_chars)
             self.exchange = exchange = Exchange(
                 self, target, method, url, forward_lines, headers, body, request_id, key
             )

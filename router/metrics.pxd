@@ -16,3 +16,16 @@ cdef class ModelStats:
     cdef public Histogram first_token
 
     cpdef void finished(self, int status, object seconds) except *
+
+
+cdef class RouterMetrics:
+    cdef public dict models
+    cdef public dict upstream_errors
+    cdef public dict ejections
+    cdef public dict parked
+    cdef public dict wakes
+    cdef public long retries
+    cdef public long in_flight
+
+    cpdef ModelStats model(self, str label)
+    cpdef void upstream_error(self, str model, str kind) except *

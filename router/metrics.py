@@ -69,7 +69,8 @@ class ModelStats:
 
 
 class RouterMetrics:
-    """Counters of one router process; `state()` is what workers share with each other."""
+    """Counters of one router process; `state()` is what workers share with each other.
+    Typed in metrics.pxd."""
 
     def __init__(self) -> None:
         self.models: dict[str, ModelStats] = {}

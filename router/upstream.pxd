@@ -1,10 +1,21 @@
 # Types of router/upstream.py when compiled (Cython's pure Python mode): the .py is the code.
 
+cdef class UpstreamConnection
+cdef class UpstreamPool
+
+cdef class ResponseListener:
+    cpdef void upstream_headers(self, int status, bytes reason, UpstreamConnection head) except *
+    cpdef void upstream_body(self, bytes data) except *
+    cpdef void upstream_complete(self, bint reusable) except *
+    cpdef void upstream_lost(self, str reason, bint reused) except *
+    cpdef void flush(self) except *
+
+
 cdef class UpstreamConnection:
     cdef public UpstreamPool pool
     cdef public object transport
     cdef public object parser
-    cdef public object listener
+    cdef public ResponseListener listener
     cdef public list relayed
     cdef public bint length_given
     cdef public bint sse
@@ -15,7 +26,9 @@ cdef class UpstreamConnection:
     cdef public long served
     cdef public double idle_since
 
-    cpdef bint send(self, object listener, bytes request)
+    cpdef bint send(self, ResponseListener listener, bytes request)
+    cpdef void on_header(self, bytes name, bytes value) except *
+    cpdef void on_body(self, bytes body) except *
     cpdef void close(self)
     cpdef void detach(self)
 

@@ -1,40 +1,42 @@
 """What the router sends upstream: the request unchanged except hop-by-hop headers, Host,
 X-Forwarded-For and X-Request-Id."""
 
-from types import SimpleNamespace
+import asyncio
 
+from router.context import ProxyConfig, ProxyContext
 from router.exchange import Exchange
+from router.fastpath import EndpointTable
 from router.front import ClientConnection
-from router.metrics import RouterMetrics
 from router.upstream import UpstreamPool
 
 
 def forwarded(header_list, body=b'{"model":"m"}', peer=b"127.0.0.9", request_id=b"rid-1"):
     """What the replica gets for a request with these headers, parsed by the real front. The
     body goes with a content-length, or chunked when the headers say so."""
-    ctx = SimpleNamespace(
-        loop=SimpleNamespace(time=lambda: 0.0),
-        routed_models={"m"},
-        metrics=RouterMetrics(),
-        config=SimpleNamespace(max_header_bytes=65536, max_body_bytes=1 << 20),
-    )
-    front = ClientConnection(ctx)
-    raw = b"".join(b"%s: %s\r\n" % pair for pair in header_list)
-    if (b"transfer-encoding", b"chunked") in header_list:
-        framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    else:
-        raw += b"content-length: %d\r\n" % len(body)
-        framed = body
-    front.parser.feed_data(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n%s\r\n%s" % (raw, framed))
-    method, url, headers, forward_lines, sent, _ = front.pending[0]
-    client = SimpleNamespace(ctx=ctx, peer=peer)
-    exchange = Exchange(
-        client, ("m", False), method, url, forward_lines, headers, sent, request_id
-    )
-    pool = UpstreamPool("http://127.0.0.1:9000/base", connect_timeout=1)
-    head, _, sent_body = exchange.request_bytes(pool).partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    return lines[0], [tuple(line.split(b": ", 1)) for line in lines[1:]], sent_body
+
+    async def through_the_front():
+        ctx = ProxyContext(EndpointTable(), ProxyConfig(max_body_bytes=1 << 20))
+        front = ClientConnection(ctx)
+        raw = b"".join(b"%s: %s\r\n" % pair for pair in header_list)
+        if (b"transfer-encoding", b"chunked") in header_list:
+            framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        else:
+            raw += b"content-length: %d\r\n" % len(body)
+            framed = body
+        front.parser.feed_data(
+            b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n%s\r\n%s" % (raw, framed)
+        )
+        method, url, headers, forward_lines, sent, _ = front.pending[0]
+        front.peer = peer
+        exchange = Exchange(
+            front, ("m", False), method, url, forward_lines, headers, sent, request_id
+        )
+        pool = UpstreamPool("http://127.0.0.1:9000/base", connect_timeout=1)
+        head, _, sent_body = exchange.request_bytes(pool).partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        return lines[0], [tuple(line.split(b": ", 1)) for line in lines[1:]], sent_body
+
+    return asyncio.run(through_the_front())
 
 
 def test_hop_by_hop_headers_go_and_proxy_headers_come():

@@ -1,0 +1,37 @@
+# Types of router/context.py when compiled (Cython's pure Python mode): the .py is the code.
+
+from router.metrics cimport RouterMetrics
+from router.upstream cimport UpstreamPool
+
+
+cdef class ProxyContext:
+    cdef public object table
+    cdef public str router_id
+    cdef public str incarnation
+    cdef public double started
+    cdef public object config
+    cdef public RouterMetrics metrics
+    cdef public object shared_metrics
+    cdef public object catalog
+    cdef public dict pools
+    cdef public set connections
+    cdef public object loop
+    cdef public object _ids
+    cdef public bytes _id_prefix
+    cdef public frozenset routed_models
+    cdef public dict parked
+    cdef public dict parked_since
+    cdef public object on_demand
+    cdef public dict affinity_by_model
+    # settings read on every request, copied from `config`
+    cdef public bint keys_required
+    cdef public str affinity
+    cdef public Py_ssize_t affinity_prefix_chars
+    cdef public double first_byte_timeout_s
+    cdef public double idle_timeout_s
+    cdef public Py_ssize_t max_tries
+
+    cpdef bytes new_request_id(self)
+    cpdef UpstreamPool pool_for(self, str url)
+    cpdef bint park(self, object exchange) except *
+    cpdef void unpark(self, object exchange) except *
