@@ -5,6 +5,9 @@ from router.metrics cimport ModelStats
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
 
 
+cpdef bytes status_line(int status, bytes reason)
+
+
 cdef class Exchange
 
 
@@ -57,7 +60,7 @@ cdef class Exchange(ResponseListener):
     cdef void _pick(self) except *
     cdef void _no_replica(self, long result) except *
     cdef void _connect(self) except *
-    cdef void _send(self, UpstreamConnection conn, bint reused) except *
+    cdef void _send(self, UpstreamConnection conn, bint reused, double now) except *
     cpdef bytes request_bytes(self, UpstreamPool pool)
     cdef void _lost_before_answer(self, bint reused) except *
     cdef void _replica_failed(self, str kind) except *

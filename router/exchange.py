@@ -55,6 +55,24 @@ MOVES = {
 }
 _ALLOWED = _moves(MOVES)
 
+# A relayed answer's deadline is renewed by the next deadline sweep (once a second), not by
+# reading the clock for every chunk: a replica that stops sending is caught within
+# idle_timeout_s plus one sweep.
+RENEW_AT_SWEEP = -1.0
+
+_STATUS_LINES: dict[tuple[int, bytes], bytes] = {}
+
+
+def status_line(status: int, reason: bytes) -> bytes:
+    """The answer's first line, kept for the few (status, reason) pairs replicas send."""
+    key = (status, reason)
+    line = _STATUS_LINES.get(key)
+    if line is None:
+        line = b"HTTP/1.1 %d %s\r\n" % (status, reason or REASONS.get(status, b""))
+        if len(_STATUS_LINES) < 256:  # reasons are the replica's words: keep the table small
+            _STATUS_LINES[key] = line
+    return line
+
 
 class LifecycleError(RuntimeError):
     pass
@@ -143,7 +161,7 @@ class Exchange(ResponseListener):
         self.pool = pool = self.ctx.pool_for(table.endpoint_url(slot))
         conn = pool.take_idle(now)
         if conn is not None:
-            self._send(conn, reused=True)
+            self._send(conn, True, now)
         else:
             self._connect()
 
@@ -212,16 +230,16 @@ class Exchange(ResponseListener):
             if self.stage is not CONNECT:
                 pool.put_back(conn)
                 return
-            self._send(conn, reused=False)
+            self._send(conn, False, self.ctx.loop.time())
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._broke(exc)
 
-    def _send(self, conn: UpstreamConnection, reused: bool) -> None:
+    def _send(self, conn: UpstreamConnection, reused: bool, now: float) -> None:
         self._move(SEND)
         self.upstream = conn
-        self.deadline = self.ctx.loop.time() + self.ctx.first_byte_timeout_s
+        self.deadline = now + self.ctx.first_byte_timeout_s
         if not conn.send(self, self.request_bytes(self.pool)):
             # The replica closed the connection before the request could go.
             self.upstream = None
@@ -246,7 +264,8 @@ class Exchange(ResponseListener):
             (
                 self.method,
                 b" ",
-                pool.path_prefix + self.url,
+                pool.path_prefix,
+                self.url,
                 b" HTTP/1.1\r\nhost: ",
                 pool.host_header,
                 b"\r\n",
@@ -376,22 +395,20 @@ class Exchange(ResponseListener):
                 return
             self.stage = RELAY  # from SEND, checked above: always a legal move
             self.status = status
-            self.deadline = self.ctx.loop.time() + self.ctx.idle_timeout_s
+            self.deadline = RENEW_AT_SWEEP
             self.sse = head.sse
             self.chunked = chunked = not head.length_given
-            self.outgoing.append(
-                b"".join(
-                    (
-                        b"HTTP/1.1 %d %s\r\n" % (status, reason or REASONS.get(status, b"")),
-                        *head.relayed,
-                        b"transfer-encoding: chunked\r\n" if chunked else b"",
-                        b"" if self.client.keep_alive else b"connection: close\r\n",
-                        b"x-request-id: ",
-                        self.request_id,
-                        b"\r\n\r\n",
-                    )
-                )
-            )
+            # The head's pieces join the body's in `outgoing`: one join for the whole read.
+            outgoing = self.outgoing
+            outgoing.append(status_line(status, reason))
+            outgoing.extend(head.relayed)
+            if chunked:
+                outgoing.append(b"transfer-encoding: chunked\r\n")
+            if not self.client.keep_alive:
+                outgoing.append(b"connection: close\r\n")
+            outgoing.append(b"x-request-id: ")
+            outgoing.append(self.request_id)
+            outgoing.append(b"\r\n\r\n")
         except Exception as exc:
             self._broke(exc)
 
@@ -402,11 +419,10 @@ class Exchange(ResponseListener):
         try:
             if self.stage is not RELAY:
                 return
-            now = self.ctx.loop.time()
             if not self.first_chunk_seen:
                 self.first_chunk_seen = True
-                self.stats.first_token.observe(now - self.started)
-            self.deadline = now + self.ctx.idle_timeout_s
+                self.stats.first_token.observe(self.ctx.loop.time() - self.started)
+            self.deadline = RENEW_AT_SWEEP  # no clock read per chunk
             if self.chunked:
                 self.outgoing.append(b"%x\r\n%s\r\n" % (len(data), data))
             else:
@@ -450,7 +466,12 @@ class Exchange(ResponseListener):
                     extra=b"retry-after: 5\r\n",
                 )
                 return
-            if self.stage not in (SEND, RELAY) or now < self.deadline:
+            if self.stage not in (SEND, RELAY):
+                return
+            if self.deadline == RENEW_AT_SWEEP:
+                self.deadline = now + self.ctx.idle_timeout_s
+                return
+            if now < self.deadline:
                 return
             upstream, self.upstream = self.upstream, None
             if upstream is not None:

@@ -25,6 +25,10 @@ from router.target import Refusal, target_of
 JSON = b"application/json"
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4"
 MAX_PIPELINED = 8
+# A request's reading time starts at the first deadline sweep (once a second) after it began,
+# not with a clock read per request: a slow client is cut within client_timeout_s plus one
+# sweep.
+STAMP_AT_SWEEP = -1.0
 
 
 class RequestRefused(Exception):
@@ -107,7 +111,7 @@ class ClientConnection(ClientSide):
         self.header_bytes = 0
         self.body = []
         self.body_bytes = 0
-        self.reading_since = self.ctx.loop.time()
+        self.reading_since = STAMP_AT_SWEEP
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -162,7 +166,8 @@ class ClientConnection(ClientSide):
         self.keep_alive = keep_alive
         ctx = self.ctx
         request_id = headers.get(b"x-request-id") or ctx.new_request_id()
-        path = url.split(b"?", 1)[0]
+        query_at = url.find(b"?")
+        path = url if query_at < 0 else url[:query_at]
         if path.startswith(b"/v1/"):
             if ctx.keys_required and not ctx.authorised(headers):
                 self.respond_error(
@@ -278,6 +283,8 @@ class ClientConnection(ClientSide):
         config = self.ctx.config
         if self.exchange is not None:
             self.exchange.check_deadline(now)
+        elif self.reading_since == STAMP_AT_SWEEP:
+            self.reading_since = now
         elif self.reading_since and now - self.reading_since > config.client_timeout_s:
             self.keep_alive = False
             self.respond_error(408, "the request was not received in time", b"")

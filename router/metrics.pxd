@@ -1,12 +1,15 @@
 # Types of the per-request counters in router/metrics.py when compiled (Cython's pure Python
 # mode): the .py is the code.
 
+cimport cython
+
 cdef class Histogram:
     cdef public tuple buckets
     cdef public list counts
     cdef public double total
     cdef public long count
 
+    @cython.locals(at=Py_ssize_t, bound=double)
     cpdef void observe(self, double value) except *
 
 
