@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import itertools
 import os
 import time
 from collections import deque
@@ -64,7 +63,7 @@ class ProxyContext:
         self.pools: dict[str, UpstreamPool] = {}
         self.connections: set = set()
         self.loop = asyncio.get_event_loop()
-        self._ids = itertools.count(1)
+        self.last_id = 0
         self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
         self.routed_models: frozenset[str] = frozenset()
         self.refresh_routed_models()
@@ -83,7 +82,8 @@ class ProxyContext:
         self.max_tries = config.max_tries
 
     def new_request_id(self) -> bytes:
-        return b"%s%d" % (self._id_prefix, next(self._ids))
+        self.last_id += 1
+        return self._id_prefix + str(self.last_id).encode()
 
     def pool_for(self, url: str) -> UpstreamPool:
         pool = self.pools.get(url)

@@ -60,17 +60,16 @@ _ALLOWED = _moves(MOVES)
 # idle_timeout_s plus one sweep.
 RENEW_AT_SWEEP = -1.0
 
-_STATUS_LINES: dict[tuple[int, bytes], bytes] = {}
+_STATUS_LINES: dict[int, tuple[bytes, bytes]] = {}  # status -> (reason, line) last sent
 
 
 def status_line(status: int, reason: bytes) -> bytes:
-    """The answer's first line, kept for the few (status, reason) pairs replicas send."""
-    key = (status, reason)
-    line = _STATUS_LINES.get(key)
-    if line is None:
-        line = b"HTTP/1.1 %d %s\r\n" % (status, reason or REASONS.get(status, b""))
-        if len(_STATUS_LINES) < 256:  # reasons are the replica's words: keep the table small
-            _STATUS_LINES[key] = line
+    """The answer's first line; replicas send the same reason for a status every time."""
+    known = _STATUS_LINES.get(status)
+    if known is not None and known[0] == reason:
+        return known[1]
+    line = b"HTTP/1.1 %d %s\r\n" % (status, reason or REASONS.get(status, b""))
+    _STATUS_LINES[status] = (reason, line)  # one entry per status code: a bounded table
     return line
 
 
@@ -274,7 +273,9 @@ class Exchange(ResponseListener):
                 forwarded + b", " + peer if forwarded else peer,
                 b"\r\nx-request-id: ",
                 self.request_id,
-                b"\r\ncontent-length: %d\r\n\r\n" % len(self.body),
+                b"\r\ncontent-length: ",
+                str(len(self.body)).encode(),
+                b"\r\n\r\n",
                 self.body,
             )
         )
