@@ -1,0 +1,33 @@
+"""Perf gate of the compiled request path: `bench.proxy_inprocess` on the compiled modules
+against the same source interpreted, run by run in turn in one process (bench.compiled_gain).
+A change that sends the request path back to the interpreter (an untyped attribute, a call
+that leaves C, a module dropped from the build) shows here as a falling ratio."""
+
+import json
+import subprocess
+import sys
+
+from bench.figures import record
+from bench.proxy_inprocess import run
+
+# Measured on a 2-core shared machine: medians of 2.8 to 2.9, single pairs from 2.4. The
+# gate sits below the lowest pair seen, so that it fails on a regression, not on noise.
+MIN_RATIO = 2.3
+
+
+def test_the_compiled_request_path_beats_its_interpreted_source(benchmark):
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compiled_gain", "--json", "--pairs", "31"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    benchmark.extra_info.update(figures)
+    record(
+        "request path µs/request: interpreted={interpreted_us:.2f}, compiled={compiled_us:.2f},"
+        " ratio={ratio:.2f} (pairs {lowest_pair:.2f} to {highest_pair:.2f})".format(**figures)
+    )
+    benchmark.pedantic(run, args=(2000,), rounds=5)  # the compiled path, as this process has it
+    assert figures["ratio"] >= MIN_RATIO, figures
