@@ -16,6 +16,7 @@ cdef class ProxyContext:
     cdef public dict pools
     cdef public set connections
     cdef public object loop
+    cdef public object clock
     cdef public unsigned long long last_id
     cdef public bytes _id_prefix
     cdef public frozenset routed_models

@@ -63,6 +63,7 @@ class ProxyContext:
         self.pools: dict[str, UpstreamPool] = {}
         self.connections: set = set()
         self.loop = asyncio.get_event_loop()
+        self.clock = self.loop.time  # read a few times per request: the bound method, kept
         self.last_id = 0
         self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
         self.routed_models: frozenset[str] = frozenset()

@@ -111,7 +111,7 @@ class Exchange(ResponseListener):
         self.headers = headers
         self.body = body
         self.request_id = request_id
-        self.started = ctx.loop.time()
+        self.started = ctx.clock()
         self.outgoing: list[bytes] = []
         self.key = key  # affinity: which replica's prefix cache likely holds the prompt
         self.stage = PICK
@@ -155,7 +155,7 @@ class Exchange(ResponseListener):
             self.ctx.metrics.retries += 1
         self.slot = slot
         # The first pick is microseconds after the start: its time will do.
-        now = self.ctx.loop.time() if self.tried else self.started
+        now = self.ctx.clock() if self.tried else self.started
         self.tried += (slot,)
         self.pool = pool = self.ctx.pool_for(table.endpoint_url(slot))
         conn = pool.take_idle(now)
@@ -180,7 +180,7 @@ class Exchange(ResponseListener):
         self._move(WAITING)
         if result == NO_ENDPOINT and self.ctx.park(self):
             # Held until a replica's route arrives (the control plane was told at once).
-            self.deadline = self.ctx.loop.time() + self.ctx.config.park_timeout_s
+            self.deadline = self.ctx.clock() + self.ctx.config.park_timeout_s
             return
         why = "is saturated" if result == SATURATED else "has no ready replica"
         if result == NO_ENDPOINT and self.ctx.on_demand is not None:
@@ -229,7 +229,7 @@ class Exchange(ResponseListener):
             if self.stage is not CONNECT:
                 pool.put_back(conn)
                 return
-            self._send(conn, False, self.ctx.loop.time())
+            self._send(conn, False, self.ctx.clock())
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -346,7 +346,7 @@ class Exchange(ResponseListener):
             if self.ctx.table.release(slot, failed):
                 self._ejected(slot)
         self.ctx.metrics.in_flight -= 1
-        now = self.ctx.loop.time()
+        now = self.ctx.clock()
         self.stats.finished(status, now - self.started if self.tried else None)
         client = self.client
         if client.closed:
@@ -422,7 +422,7 @@ class Exchange(ResponseListener):
                 return
             if not self.first_chunk_seen:
                 self.first_chunk_seen = True
-                self.stats.first_token.observe(self.ctx.loop.time() - self.started)
+                self.stats.first_token.observe(self.ctx.clock() - self.started)
             self.deadline = RENEW_AT_SWEEP  # no clock read per chunk
             if self.chunked:
                 # Three pieces, joined with the rest of the read in `flush`: no copy per chunk.

@@ -49,7 +49,7 @@ class ClientConnection(ClientSide):
         self.pending: deque = deque()
         self.exchange: Exchange | None = None
         self.closed = False
-        self.idle_since = ctx.loop.time()
+        self.idle_since = ctx.clock()
         self.keep_alive = True
         self.max_header_bytes = ctx.config.max_header_bytes  # read per header: kept at hand
         self.max_body_bytes = ctx.config.max_body_bytes
@@ -123,6 +123,8 @@ class ClientConnection(ClientSide):
             raise RequestRefused(431, "request headers are too large")
         name = name.lower()
         self.headers[name] = value
+        if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+            raise RequestRefused(413, "request body is too large")
         # Sorted as it is parsed into the pieces of the lines the replica will get (four per
         # header: no formatting per header); the forwarded request is then one join.
         if name not in NOT_FORWARDED:
@@ -131,11 +133,6 @@ class ClientConnection(ClientSide):
             lines.append(b": ")
             lines.append(value)
             lines.append(b"\r\n")
-
-    def on_headers_complete(self) -> None:
-        length = self.headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            raise RequestRefused(413, "request body is too large")
 
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
@@ -252,7 +249,7 @@ class ClientConnection(ClientSide):
         if not self.keep_alive:
             head += b"connection: close\r\n"
         self.transport.write(head + extra + b"\r\n" + body)
-        self.request_done(self.ctx.loop.time())
+        self.request_done(self.ctx.clock())
 
     def request_done(self, now: float) -> None:
         self.exchange = None

@@ -3,6 +3,7 @@
 cdef class UpstreamConnection
 cdef class UpstreamPool
 
+
 cdef class ResponseListener:
     cpdef void upstream_headers(self, int status, bytes reason, UpstreamConnection head) except *
     cpdef void upstream_body(self, bytes data) except *
@@ -27,6 +28,7 @@ cdef class UpstreamConnection:
     cdef public double idle_since
 
     cpdef bint send(self, ResponseListener listener, bytes request)
+    cdef void ready_for_next(self)
     cpdef void on_header(self, bytes name, bytes value) except *
     cpdef void on_body(self, bytes body) except *
     cpdef void close(self)

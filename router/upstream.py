@@ -47,15 +47,11 @@ class UpstreamConnection:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.listener: ResponseListener | None = None
-        self.relayed: list[bytes] = []
-        self.length_given = False
-        self.sse = False
         self.reason = b""
         self.closed = False
-        self.headers_done = False
-        self.framed = False
         self.served = 0  # answers completed on this connection
         self.idle_since = 0.0
+        self.ready_for_next()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -85,7 +81,9 @@ class UpstreamConnection:
         if listener is not None:
             listener.flush()
 
-    def on_message_begin(self) -> None:
+    def ready_for_next(self) -> None:
+        """What one answer's head set, cleared for the next (rather than in an
+        on_message_begin callback: one call less from the parser per answer)."""
         self.relayed = []
         self.length_given = self.sse = self.headers_done = self.framed = False
 
@@ -125,6 +123,7 @@ class UpstreamConnection:
 
     def on_message_complete(self) -> None:
         self.served += 1
+        self.ready_for_next()
         listener, self.listener = self.listener, None
         reusable = self.parser.should_keep_alive() and not self.closed
         # Back in the pool before the listener hears of it: the client's next (pipelined)
