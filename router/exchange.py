@@ -60,6 +60,20 @@ _ALLOWED = _moves(MOVES)
 # idle_timeout_s plus one sweep.
 RENEW_AT_SWEEP = -1.0
 
+# Size lines of relayed chunks, made once per size: relaying a chunk (a token of a stream is
+# tens of bytes) creates no object beyond the bytes the replica sent.
+_SIZE_LINES: list = [None] * 4096
+
+
+def chunk_size_line(size: int) -> bytes:
+    if size >= 4096:
+        return f"{size:x}\r\n".encode()
+    line = _SIZE_LINES[size]
+    if line is None:
+        line = _SIZE_LINES[size] = f"{size:x}\r\n".encode()
+    return line
+
+
 _STATUS_LINES: dict[int, tuple[bytes, bytes]] = {}  # status -> (reason, line) last sent
 
 
@@ -427,7 +441,7 @@ class Exchange(ResponseListener):
             if self.chunked:
                 # Three pieces, joined with the rest of the read in `flush`: no copy per chunk.
                 outgoing = self.outgoing
-                outgoing.append(f"{len(data):x}\r\n".encode())
+                outgoing.append(chunk_size_line(len(data)))
                 outgoing.append(data)
                 outgoing.append(b"\r\n")
             else:
