@@ -9,24 +9,19 @@ from router.compiled import COMPILED_MODULES  # noqa: E402
 
 # GPUFLEET_CYTHON_DEBUG=1: no optimisation, debug symbols, and the annotated HTML beside the source.
 debug = os.environ.get("GPUFLEET_CYTHON_DEBUG") == "1"
-compile_args = ["-O0", "-g"] if debug else ["-O3"]
+sources = {"router._fastpath": "router/_fastpath.pyx"}
+# The request path: plain Python modules, typed by the .pxd beside each (pure Python mode).
+sources.update({name: name.replace(".", "/") + ".py" for name in COMPILED_MODULES})
 
-fastpath = cythonize(
-    [Extension("router._fastpath", ["router/_fastpath.pyx"], extra_compile_args=compile_args)],
-    annotate=debug,
-    compiler_directives={"language_level": 3, "boundscheck": False, "wraparound": False},
+setup(
+    ext_modules=cythonize(
+        [
+            Extension(name, [path], extra_compile_args=["-O0", "-g"] if debug else ["-O3"])
+            for name, path in sources.items()
+        ],
+        annotate=debug,
+        # The .pxd files type the modules, not their annotations; _fastpath.pyx sets its own
+        # bounds-check directives, and the .py modules keep Python's.
+        compiler_directives={"language_level": 3, "annotation_typing": False},
+    )
 )
-# The per-request path: plain Python modules, typed by the .pxd beside each (Cython's pure
-# Python mode), compiled to extensions that Python imports in place of the .py files. They
-# keep Python's semantics (negative indices, bounds checks): the same code runs interpreted.
-request_path = cythonize(
-    [
-        Extension(name, [name.replace(".", "/") + ".py"], extra_compile_args=compile_args)
-        for name in COMPILED_MODULES
-    ],
-    annotate=debug,
-    # The .pxd files type these modules; their annotations stay documentation.
-    compiler_directives={"language_level": 3, "annotation_typing": False},
-)
-
-setup(ext_modules=fastpath + request_path)
