@@ -2,7 +2,7 @@
 
     python bench/compare_routers.py [--seconds 10] [--connections 64] [--workers 1]
         [--mode json|sse|streams] [--tokens 64] [--streams 10000]
-        [--vllm-router PATH] [--sglang-router PATH]
+        [--with-relay] [--vllm-router PATH] [--sglang-router PATH]
 
 Not part of CI. The backend is bench/fixed_upstream.py (fixed answers, fast enough not to be
 what is measured); each proxy is pinned to its `--workers` CPUs with `taskset`, the backend and
@@ -217,8 +217,12 @@ def contenders(backend_url: str, work: Path, args) -> dict:
             str(args.workers),
         ],
     }
+    backend_port = int(backend_url.rsplit(":", 1)[1])
+    if args.with_relay:
+        found["uvloop-relay"] = lambda port: [
+            sys.executable, "-m", "bench.tcp_relay", str(port), str(backend_port)
+        ]  # fmt: skip
     if shutil.which("nginx"):
-        backend_port = int(backend_url.rsplit(":", 1)[1])
         found["nginx"] = lambda port: [
             "nginx",
             "-c",
@@ -295,6 +299,11 @@ def main() -> int:
     parser.add_argument("--mode", choices=["json", "sse", "streams"], default="json")
     parser.add_argument("--tokens", type=int, default=64, help="SSE events per answer (sse)")
     parser.add_argument("--streams", type=int, default=10_000, help="open at once (streams)")
+    parser.add_argument(
+        "--with-relay",
+        action="store_true",
+        help="also a uvloop TCP relay that parses nothing: the ceiling of Python protocols",
+    )
     parser.add_argument("--vllm-router")
     parser.add_argument("--sglang-router")
     args = parser.parse_args()
@@ -329,7 +338,7 @@ def main() -> int:
             rows.append(("direct", direct, None))
         for name, argv in contenders(backend_url, work, args).items():
             port = free_port()
-            proc = start(pinned(proxy_cpus, argv(port)), work / f"{name}.log")
+            proc = start(pinned(proxy_cpus, argv(port)), work / f"{name}.log", cwd=ROOT)
             url = f"http://127.0.0.1:{port}/v1/completions"
             try:
                 wait_port(port, 60)
