@@ -25,6 +25,7 @@ def load_run(compiled: bool):
 
     for name in [m for m in sys.modules if m.split(".")[0] in ("router", "bench")]:
         del sys.modules[name]
+    # By name: each load imports router.compiled afresh, so the finder's class is not one object.
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "SourceOnly"]
     if compiled:
         os.environ.pop("GPUROUTER_NO_EXTENSIONS", None)
