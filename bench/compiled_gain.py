@@ -12,30 +12,22 @@ drift of a shared machine moves far less than either time.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
+from pathlib import Path
 
 import orjson
+
+from bench import paired_inprocess
+
+HERE = Path(__file__).resolve().parents[1]
 
 
 def load_run(compiled: bool):
     """`run` of bench.proxy_inprocess over the compiled router modules or over their source."""
+    run = paired_inprocess.load_run(HERE, interpreted=not compiled)
     from router import compiled as switch
+    from router import fastpath, front
 
-    for name in [m for m in sys.modules if m.split(".")[0] in ("router", "bench")]:
-        del sys.modules[name]
-    # By name: each load imports router.compiled afresh, so the finder's class is not one object.
-    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "SourceOnly"]
-    if compiled:
-        os.environ.pop("GPUROUTER_NO_EXTENSIONS", None)
-    else:
-        os.environ["GPUROUTER_NO_EXTENSIONS"] = "1"
-    try:
-        from bench.proxy_inprocess import run
-        from router import fastpath, front
-    finally:
-        os.environ.pop("GPUROUTER_NO_EXTENSIONS", None)
     if switch.is_compiled(front) != compiled or fastpath.USING_EXTENSION != compiled:
         raise RuntimeError(
             "the compiled router modules are not built (python setup.py build_ext --inplace)"
@@ -46,12 +38,9 @@ def load_run(compiled: bool):
 
 
 def measure(pairs: int, requests: int) -> dict:
-    interpreted, compiled = load_run(compiled=False), load_run(compiled=True)
-    interpreted(requests), compiled(requests)  # warm up
-    slow, fast = [], []
-    for _ in range(pairs):
-        slow.append(interpreted(requests))
-        fast.append(compiled(requests))
+    slow, fast = paired_inprocess.alternate(
+        load_run(compiled=False), load_run(compiled=True), pairs, requests
+    )
     ratios = sorted(s / f for s, f in zip(slow, fast, strict=True))
     return {
         "interpreted_us": statistics.median(slow) * 1e6,

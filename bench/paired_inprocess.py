@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -21,16 +22,32 @@ HERE = Path(__file__).resolve().parents[1]
 PACKAGES = ("router", "bench")
 
 
-def load_run(tree: Path):
-    """`run` of the tree's bench.proxy_inprocess, imported apart from any other tree's."""
+def load_run(tree: Path, interpreted: bool = False):
+    """`run` of the tree's bench.proxy_inprocess, imported apart from any other tree's; with
+    `interpreted`, as `GPUROUTER_NO_EXTENSIONS=1` imports it (the compiled modules' source)."""
     for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
         del sys.modules[name]
+    # By name: each load imports router.compiled afresh, so the finder's class is not one object.
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "SourceOnly"]
+    if interpreted:
+        os.environ["GPUROUTER_NO_EXTENSIONS"] = "1"
     sys.path.insert(0, str(tree))
     try:
         from bench.proxy_inprocess import run
     finally:
         sys.path.remove(str(tree))
+        os.environ.pop("GPUROUTER_NO_EXTENSIONS", None)
     return run
+
+
+def alternate(first, second, pairs: int, requests: int, first_options=(), second_options=()):
+    """Seconds per request of `first` and of `second`, run by run in turn, after a warm-up."""
+    first(requests, *first_options), second(requests, *second_options)
+    firsts, seconds = [], []
+    for _ in range(pairs):
+        firsts.append(first(requests, *first_options))
+        seconds.append(second(requests, *second_options))
+    return firsts, seconds
 
 
 def main() -> None:
@@ -42,10 +59,9 @@ def main() -> None:
     args = parser.parse_args()
     other, this = load_run(args.tree.resolve()), load_run(HERE)
     other_options = (args.affinity,) if "affinity" in inspect.signature(other).parameters else ()
-    theirs, ours = [], []
-    for _ in range(args.pairs):
-        theirs.append(other(args.requests, *other_options))
-        ours.append(this(args.requests, args.affinity))
+    theirs, ours = alternate(
+        other, this, args.pairs, args.requests, other_options, (args.affinity,)
+    )
     ratios = sorted(b / a for a, b in zip(theirs, ours, strict=True))
     for name, times in ((str(args.tree), theirs), ("this checkout", ours)):
         print(
