@@ -4,11 +4,10 @@ The Cython extension unless `GPUROUTER_NO_EXTENSIONS=1` is set or it was not bui
 case the pure-Python twin, with the same API.
 """
 
-import os
-
 from router import fastpath_py
+from router.compiled import extensions_disabled
 
-if os.environ.get("GPUROUTER_NO_EXTENSIONS") == "1":
+if extensions_disabled():
     _impl = fastpath_py
 else:
     try:
