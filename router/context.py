@@ -17,7 +17,7 @@ from router.metrics import RouterMetrics, SharedMetrics, merge, render
 from router.upstream import UpstreamPool
 
 
-@dataclass
+@dataclass(frozen=True)  # ProxyContext keeps its own copies of the settings read per request
 class ProxyConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_header_bytes: int = 64 * 1024
