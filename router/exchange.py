@@ -439,7 +439,8 @@ class Exchange(ResponseListener):
                 self.stats.first_token.observe(self.ctx.clock() - self.started)
             self.deadline = RENEW_AT_SWEEP  # no clock read per chunk
             if self.chunked:
-                # Three pieces, joined with the rest of the read in `flush`: no copy per chunk.
+                # Three pieces, joined with the rest of the read in `flush`: the data is copied
+                # once, into that one write.
                 outgoing = self.outgoing
                 outgoing.append(chunk_size_line(len(data)))
                 outgoing.append(data)
