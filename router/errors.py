@@ -47,3 +47,11 @@ def sse_error_event(message: str) -> bytes:
         }
     }
     return b"data: " + orjson.dumps(event) + b"\n\ndata: [DONE]\n\n"
+
+
+class RequestRefused(Exception):
+    """A request the router will not take: answered with `status` and the connection closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status

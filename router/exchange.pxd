@@ -36,7 +36,7 @@ cdef class Exchange(ResponseListener):
     cdef public bint ask_each_replica
     cdef public bytes method
     cdef public bytes url
-    cdef public list forward_lines
+    cdef public bytes forward
     cdef public dict headers
     cdef public bytes body
     cdef public bytes request_id

@@ -109,9 +109,7 @@ class ClientSide:
 class Exchange(ResponseListener):
     """Attributes and the C-level methods are typed in exchange.pxd."""
 
-    def __init__(
-        self, client, target, method, url, forward_lines, headers, body, request_id, key=0
-    ):
+    def __init__(self, client, target, method, url, forward, headers, body, request_id, key=0):
         self.client = client
         self.ctx = ctx = client.ctx
         self.model = self.routed_model = model = target[0]
@@ -121,7 +119,7 @@ class Exchange(ResponseListener):
         self.ask_each_replica = target[1]
         self.method = method
         self.url = url
-        self.forward_lines = forward_lines  # headers that go on: name, ": ", value, CRLF each
+        self.forward = forward  # the header lines that go on, each "name: value\r\n"
         self.headers = headers
         self.body = body
         self.request_id = request_id
@@ -260,17 +258,18 @@ class Exchange(ResponseListener):
 
     def request_bytes(self, pool: UpstreamPool) -> bytes:
         """The request as it goes to the replica: hop-by-hop headers dropped, proxy ones added."""
-        lines = self.forward_lines
+        forward = self.forward
         connection = self.headers.get(b"connection")
         if connection and connection.lower() not in CONNECTION_WITHOUT_NAMES:
             # Headers the client's Connection header names are hop-by-hop too.
             named = {t.strip().lower() for t in connection.split(b",")}
-            lines = [
-                piece
-                for at in range(0, len(lines), 4)
-                if lines[at] not in named
-                for piece in lines[at : at + 4]
-            ]
+            forward = b"".join(
+                [
+                    line + b"\r\n"
+                    for line in forward.split(b"\r\n")[:-1]
+                    if line.partition(b":")[0] not in named
+                ]
+            )
         forwarded = self.headers.get(b"x-forwarded-for")
         peer = self.client.peer
         return b"".join(
@@ -282,7 +281,7 @@ class Exchange(ResponseListener):
                 b" HTTP/1.1\r\nhost: ",
                 pool.host_header,
                 b"\r\n",
-                *lines,
+                forward,
                 b"x-forwarded-for: ",
                 forwarded + b", " + peer if forwarded else peer,
                 b"\r\nx-request-id: ",

@@ -1,5 +1,6 @@
 """Headers that do not cross the router: hop-by-hop ones (RFC 9110 7.6.1) and those it
-writes itself. `Exchange` builds the forwarded request and the relayed head with them."""
+writes itself. The request readers and `Exchange` build the forwarded request and the relayed
+head with them."""
 
 HOP_BY_HOP = frozenset(
     {
@@ -16,6 +17,19 @@ HOP_BY_HOP = frozenset(
     }
 )
 NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"x-forwarded-for", b"x-request-id"}
+# The request headers the router itself reads (routing, keys, affinity, forwarding): a request
+# keeps only these by name, the rest go on as lines.
+READ_BY_ROUTER = frozenset(
+    {
+        b"authorization",
+        b"connection",
+        b"content-type",
+        b"x-forwarded-for",
+        b"x-gpufleet-model",
+        b"x-request-id",
+        b"x-session-id",
+    }
+)
 NOT_RELAYED = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 CHUNK_END = b"0\r\n\r\n"
 # Connection header values that name no other header: nothing more to drop.

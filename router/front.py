@@ -1,5 +1,6 @@
-"""The HTTP front of gpurouter: parse requests with httptools, enforce limits and API keys,
-answer the router's own endpoints, and hand each inference request to an `Exchange`.
+"""The HTTP front of gpurouter: read requests (`router.wire`: llhttp, limits enforced as they
+arrive), check API keys, answer the router's own endpoints, and hand each inference request to
+an `Exchange`.
 
 Each `ClientConnection` answers its requests one at a time (pipelined ones wait their turn).
 Deadlines are checked by one sweep a second for all connections (`ProxyContext.sweep`), so
@@ -12,15 +13,14 @@ import asyncio
 import socket
 from collections import deque
 
-import httptools
 import orjson
 
 from router.affinity import OFF, affinity_key
 from router.context import ProxyContext
-from router.errors import REASONS, error_body
+from router.errors import REASONS, RequestRefused, error_body
 from router.exchange import ClientSide, Exchange
-from router.forwarding import NOT_FORWARDED
 from router.target import Refusal, target_of
+from router.wire import RequestReader
 
 JSON = b"application/json"
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4"
@@ -31,12 +31,6 @@ MAX_PIPELINED = 8
 STAMP_AT_SWEEP = -1.0
 
 
-class RequestRefused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class ClientConnection(ClientSide):
     """An asyncio protocol (by its methods: a compiled class cannot derive from
     asyncio.Protocol); attributes and C-level methods are typed in front.pxd."""
@@ -44,17 +38,15 @@ class ClientConnection(ClientSide):
     def __init__(self, ctx: ProxyContext) -> None:
         self.ctx = ctx
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
         self.peer = b""
-        self.pending: deque = deque()
+        self.pending: deque = deque()  # requests read whole, waiting their turn
+        config = ctx.config
+        self.reader = RequestReader(self.pending, config.max_header_bytes, config.max_body_bytes)
         self.exchange: Exchange | None = None
         self.closed = False
         self.idle_since = ctx.clock()
         self.keep_alive = True
-        self.max_header_bytes = ctx.config.max_header_bytes  # read per header: kept at hand
-        self.max_body_bytes = ctx.config.max_body_bytes
-        self.on_message_begin()  # the request being read starts empty...
-        self.reading_since = 0.0  # ... and none is being read yet
+        self.reading_since = 0.0  # none is being read yet
 
     # asyncio callbacks
 
@@ -69,24 +61,19 @@ class ClientConnection(ClientSide):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self.parser.feed_data(data)
+            completed = self.reader.feed(data)
         except RequestRefused as refusal:
             self.refuse_and_close(refusal.status, str(refusal))
-        except httptools.HttpParserCallbackError as exc:
-            cause = exc.__context__
-            if isinstance(cause, RequestRefused):
-                self.refuse_and_close(cause.status, str(cause))
-            else:
-                self.refuse_and_close(400, "malformed HTTP request")
-        except httptools.HttpParserUpgrade:
-            self.refuse_and_close(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            self.refuse_and_close(400, f"malformed HTTP request: {exc}")
-        else:
-            # Requests are answered once the parser is done with this read, never from
-            # inside its callbacks.
-            if self.exchange is None and self.pending:
-                self.next_request()
+            return
+        if not self.reader.mid_message:
+            self.reading_since = 0.0
+        elif completed or self.reading_since == 0.0:
+            self.reading_since = STAMP_AT_SWEEP  # a request began in this read
+        if completed and len(self.pending) > MAX_PIPELINED:
+            self.transport.pause_reading()
+        # Requests are answered once the reader is done with this read.
+        if self.exchange is None and self.pending:
+            self.next_request()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -102,65 +89,14 @@ class ClientConnection(ClientSide):
         if self.exchange is not None:
             self.exchange.resume_upstream()
 
-    # httptools callbacks
-
-    def on_message_begin(self) -> None:
-        self.url = b""
-        self.headers = {}
-        self.forward_lines = []
-        self.header_bytes = 0
-        self.body = []
-        self.body_bytes = 0
-        self.reading_since = STAMP_AT_SWEEP
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-        self.header_bytes += len(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.header_bytes += len(name) + len(value)
-        if self.header_bytes > self.max_header_bytes:
-            raise RequestRefused(431, "request headers are too large")
-        name = name.lower()
-        self.headers[name] = value
-        if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-            raise RequestRefused(413, "request body is too large")
-        # Sorted as it is parsed into the pieces of the lines the replica will get (four per
-        # header: no formatting per header); the forwarded request is then one join.
-        if name not in NOT_FORWARDED:
-            lines = self.forward_lines
-            lines.append(name)
-            lines.append(b": ")
-            lines.append(value)
-            lines.append(b"\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        self.body_bytes += len(body)
-        if self.body_bytes > self.max_body_bytes:
-            raise RequestRefused(413, "request body is too large")
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        self.reading_since = 0.0
-        request = (
-            self.parser.get_method(),
-            self.url,
-            self.headers,
-            self.forward_lines,
-            b"".join(self.body),
-            self.parser.should_keep_alive(),
-        )
-        self.pending.append(request)
-        if len(self.pending) > MAX_PIPELINED:
-            self.transport.pause_reading()
-
     # answering
 
     def next_request(self) -> None:
         if self.closed or self.exchange is not None or not self.pending:
             return
-        method, url, headers, forward_lines, body, keep_alive = self.pending.popleft()
-        self.keep_alive = keep_alive
+        request = self.pending.popleft()
+        method, url, headers, body = request.method, request.url, request.headers, request.body
+        self.keep_alive = request.keep_alive
         ctx = self.ctx
         request_id = headers.get(b"x-request-id") or ctx.new_request_id()
         query_at = url.find(b"?")
@@ -186,7 +122,7 @@ class ClientConnection(ClientSide):
             if mode != OFF:
                 key = affinity_key(target[2], headers, mode, ctx.affinity_prefix_chars)
             self.exchange = exchange = Exchange(
-                self, target, method, url, forward_lines, headers, body, request_id, key
+                self, target, method, url, request.forward, headers, body, request_id, key
             )
             ctx.metrics.in_flight += 1
             exchange.start()

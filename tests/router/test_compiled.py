@@ -13,9 +13,10 @@ from router.compiled import COMPILED_MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = (
-    "import importlib, router.compiled as c, router.fastpath as f\n"
+    "import importlib, router.compiled as c, router.fastpath as f, router.wire as w\n"
     "names = c.COMPILED_MODULES\n"
-    "print(f.USING_EXTENSION, *[c.is_compiled(importlib.import_module(n)) for n in names])\n"
+    "print(f.USING_EXTENSION, w.USING_EXTENSION,\n"
+    "      *[c.is_compiled(importlib.import_module(n)) for n in names])\n"
 )
 
 
@@ -30,16 +31,17 @@ def imported(switch: str) -> list[str]:
 
 @pytest.mark.parametrize("switch, compiled", [("0", True), ("1", False)])
 def test_the_switch_picks_the_extensions_or_their_source(switch, compiled):
-    assert imported(switch) == [str(compiled)] * (1 + len(COMPILED_MODULES))
+    assert imported(switch) == [str(compiled)] * (2 + len(COMPILED_MODULES))
 
 
 def test_every_extension_is_built_from_the_source_beside_it():
     """An extension older than its .py or .pxd would run code that is no longer there."""
-    for name in COMPILED_MODULES:
+    for name in (*COMPILED_MODULES, "router._fastpath", "router._wire"):
         stem = ROOT / name.replace(".", "/")
         built = list(stem.parent.glob(stem.name + ".cpython-*.so"))
         assert built, f"{name} is not compiled: run make"
-        sources = [s for s in (stem.with_suffix(".py"), stem.with_suffix(".pxd")) if s.exists()]
+        suffixes = (".py", ".pyx", ".pxd")
+        sources = [s for s in map(stem.with_suffix, suffixes) if s.exists()]
         newest_source = max(s.stat().st_mtime for s in sources)
         assert built[0].stat().st_mtime >= newest_source, f"{built[0].name} is stale: run make"
 

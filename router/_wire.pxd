@@ -1,0 +1,32 @@
+# The request reader's C-level types: front.py (compiled) reads a Request's fields directly.
+
+cdef struct Buffer:
+    char* data
+    Py_ssize_t size
+    Py_ssize_t capacity
+
+
+cdef class Request:
+    cdef readonly bytes method
+    cdef readonly bytes url
+    cdef readonly dict headers
+    cdef readonly bytes forward
+    cdef readonly bytes body
+    cdef readonly bint keep_alive
+
+
+cdef class RequestReader:
+    cdef void* parser  # an llhttp_t, opaque here: modules that cimport this need no llhttp.h
+    cdef Buffer url, name, value, forward, body
+    cdef object pending
+    cdef Py_ssize_t max_header_bytes, max_body_bytes, header_bytes, body_bytes
+    cdef dict headers
+    cdef readonly bint mid_message
+    cdef int completed
+    cdef object refusal
+
+    cpdef int feed(self, bytes data) except -1
+    cdef int refuse(self, int status, str message) noexcept
+    cdef int keep(self, Buffer* buffer, const char* at, Py_ssize_t size) noexcept
+    cdef int take_header(self) except -1
+    cdef int take_request(self) except -1

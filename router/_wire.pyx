@@ -1,0 +1,325 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""HTTP/1.1 requests read straight from llhttp's C callbacks: no Python call and no Python
+object per header. What a request leaves behind is one `Request`: the method, the target, the
+few headers the router reads (a dict of lower-case names), the header lines that go on to the
+replica (lower-case names, hop-by-hop ones dropped) as one bytes object, and the body.
+
+llhttp is the parser httptools wraps; it is built into this extension from the pinned source
+setup.py fetches. `wire_py.RequestReader` is the same reader on httptools, for
+GPUROUTER_NO_EXTENSIONS=1; the differential tests hold the two to the same answers.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memcmp, memcpy
+
+from router.errors import RequestRefused
+from router.forwarding import NOT_FORWARDED, READ_BY_ROUTER
+
+
+cdef extern from "llhttp.h":
+    ctypedef struct llhttp_t:
+        void* data
+        unsigned char method
+        unsigned char upgrade
+
+    ctypedef int (*llhttp_data_cb)(llhttp_t*, const char*, size_t) noexcept
+    ctypedef int (*llhttp_cb)(llhttp_t*) noexcept
+
+    ctypedef struct llhttp_settings_t:
+        llhttp_cb on_message_begin
+        llhttp_data_cb on_url
+        llhttp_data_cb on_header_field
+        llhttp_data_cb on_header_value
+        llhttp_cb on_header_value_complete
+        llhttp_cb on_headers_complete
+        llhttp_data_cb on_body
+        llhttp_cb on_message_complete
+
+    ctypedef enum llhttp_errno_t:
+        HPE_OK
+        HPE_PAUSED_UPGRADE
+
+    ctypedef enum llhttp_type_t:
+        HTTP_REQUEST
+
+    ctypedef enum llhttp_method_t:
+        pass
+
+    void llhttp_settings_init(llhttp_settings_t* settings)
+    void llhttp_init(llhttp_t* parser, llhttp_type_t kind, const llhttp_settings_t* settings)
+    llhttp_errno_t llhttp_execute(llhttp_t* parser, const char* data, size_t size)
+    int llhttp_should_keep_alive(const llhttp_t* parser)
+    const char* llhttp_method_name(llhttp_method_t method)
+    const char* llhttp_get_error_reason(const llhttp_t* parser)
+
+
+# Buffers grow: a request's pieces can arrive over many reads.
+cdef int buffer_add(Buffer* buffer, const char* at, Py_ssize_t size) noexcept:
+    cdef Py_ssize_t needed = buffer.size + size
+    cdef Py_ssize_t capacity
+    cdef char* grown
+    if needed > buffer.capacity:
+        capacity = max(needed, 2 * buffer.capacity, 256)
+        grown = <char*>realloc(buffer.data, capacity)
+        if grown == NULL:
+            return -1
+        buffer.data = grown
+        buffer.capacity = capacity
+    memcpy(buffer.data + buffer.size, at, size)
+    buffer.size = needed
+    return 0
+
+
+cdef void buffer_reset(Buffer* buffer) noexcept:
+    buffer.size = 0
+    if buffer.capacity > 65536:  # a large body's room is not kept for the next request
+        free(buffer.data)
+        buffer.data = NULL
+        buffer.capacity = 0
+
+
+# Header names the router looks at, lower case: whether each is dropped before the replica
+# (hop-by-hop, or written by the router) and whether its value is kept for the router to read.
+DEF KNOWN_MAX = 32
+cdef const char* known_names[KNOWN_MAX]
+cdef Py_ssize_t known_sizes[KNOWN_MAX]
+cdef bint known_dropped[KNOWN_MAX]
+cdef bint known_read[KNOWN_MAX]
+cdef int known_count = 0
+cdef int content_length_index = -1
+cdef tuple known_objects  # the same names as bytes objects: the keys of Request.headers
+cdef list method_names = [None] * 64  # bytes per llhttp method number, made on first use
+cdef llhttp_settings_t request_settings
+
+
+cdef void learn_names():
+    global known_count, content_length_index, known_objects
+    names = sorted(NOT_FORWARDED | READ_BY_ROUTER)
+    assert len(names) <= KNOWN_MAX
+    known_objects = tuple(names)
+    for index, name in enumerate(known_objects):
+        known_names[index] = PyBytes_AS_STRING(name)
+        known_sizes[index] = PyBytes_GET_SIZE(name)
+        known_dropped[index] = name in NOT_FORWARDED
+        known_read[index] = name in READ_BY_ROUTER
+        if name == b"content-length":
+            content_length_index = index
+    known_count = len(names)
+
+
+cdef int known_index(const char* name, Py_ssize_t size) noexcept:
+    cdef int index
+    for index in range(known_count):
+        if known_sizes[index] == size and memcmp(known_names[index], name, size) == 0:
+            return index
+    return -1
+
+
+cdef bint more_than(const char* digits, Py_ssize_t size, Py_ssize_t limit) noexcept:
+    """Whether `digits`, all of them ASCII digits, say a number above `limit`; False when
+    they are not all digits (llhttp refuses those itself)."""
+    cdef Py_ssize_t value = 0
+    cdef Py_ssize_t at
+    cdef char c
+    if size == 0:
+        return False
+    for at in range(size):
+        c = digits[at]
+        if c < 48 or c > 57:
+            return False
+    for at in range(size):
+        value = value * 10 + (digits[at] - 48)
+        if value > limit:
+            return True
+    return False
+
+
+cdef class Request:
+    """One request as the client sent it, read whole."""
+
+    def __repr__(self):
+        return f"Request({self.method!r}, {self.url!r})"
+
+
+cdef class RequestReader:
+    """Reads the requests of one client connection; each one read whole is appended to
+    `pending`. `feed` raises RequestRefused for what the router will not take."""
+
+    def __cinit__(self):
+        cdef llhttp_t* parser = <llhttp_t*>calloc(1, sizeof(llhttp_t))
+        if parser == NULL:
+            raise MemoryError()
+        llhttp_init(parser, HTTP_REQUEST, &request_settings)
+        parser.data = <void*>self
+        self.parser = parser
+
+    def __init__(self, pending, Py_ssize_t max_header_bytes, Py_ssize_t max_body_bytes):
+        self.pending = pending
+        self.max_header_bytes = max_header_bytes
+        self.max_body_bytes = max_body_bytes
+        self.mid_message = False
+        self.headers = None
+
+    def __dealloc__(self):
+        free(self.parser)
+        free(self.url.data)
+        free(self.name.data)
+        free(self.value.data)
+        free(self.forward.data)
+        free(self.body.data)
+
+    cpdef int feed(self, bytes data) except -1:
+        """Reads `data`; returns how many requests it completed."""
+        self.completed = 0
+        cdef llhttp_errno_t error = llhttp_execute(
+            <llhttp_t*>self.parser, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)
+        )
+        if error == HPE_OK:
+            return self.completed
+        if self.refusal is not None:
+            refusal, self.refusal = self.refusal, None
+            raise refusal
+        if error == HPE_PAUSED_UPGRADE:
+            raise RequestRefused(400, "protocol upgrades are not supported")
+        reason = llhttp_get_error_reason(<llhttp_t*>self.parser).decode("latin-1")
+        raise RequestRefused(400, f"malformed HTTP request: {reason}")
+
+    cdef int refuse(self, int status, str message) noexcept:
+        self.refusal = RequestRefused(status, message)
+        return -1
+
+    cdef int keep(self, Buffer* buffer, const char* at, Py_ssize_t size) noexcept:
+        """A piece of the request's head: counted against the limit, and kept."""
+        self.header_bytes += size
+        if self.header_bytes > self.max_header_bytes:
+            return self.refuse(431, "request headers are too large")
+        if buffer_add(buffer, at, size):
+            return self.refuse(503, "the router is out of memory")
+        return 0
+
+    cdef int take_header(self) except -1:
+        """The header just read, sorted: kept by name, forwarded as a line, or both. 1 when
+        it refuses the request."""
+        cdef Buffer* name = &self.name
+        cdef Buffer* value = &self.value
+        cdef Py_ssize_t at
+        cdef char c
+        cdef int index
+        for at in range(name.size):
+            c = name.data[at]
+            if 65 <= c <= 90:
+                name.data[at] = c + 32
+        index = known_index(name.data, name.size)
+        if index >= 0:
+            if known_read[index]:
+                if self.headers is None:
+                    self.headers = {}
+                self.headers[known_objects[index]] = PyBytes_FromStringAndSize(
+                    value.data, value.size
+                )
+            if index == content_length_index and more_than(
+                value.data, value.size, self.max_body_bytes
+            ):
+                self.refuse(413, "request body is too large")
+                return 1
+            if known_dropped[index]:
+                name.size = value.size = 0
+                return 0
+        # The line as the replica will get it: "name: value\r\n".
+        if (
+            buffer_add(&self.forward, name.data, name.size)
+            or buffer_add(&self.forward, b": ", 2)
+            or buffer_add(&self.forward, value.data, value.size)
+            or buffer_add(&self.forward, b"\r\n", 2)
+        ):
+            self.refuse(503, "the router is out of memory")
+            return 1
+        name.size = value.size = 0
+        return 0
+
+    cdef int take_request(self) except -1:
+        cdef Request request = Request.__new__(Request)
+        cdef int method = (<llhttp_t*>self.parser).method
+        name = method_names[method]
+        if name is None:
+            name = method_names[method] = <bytes>llhttp_method_name(<llhttp_method_t>method)
+        request.method = name
+        request.url = PyBytes_FromStringAndSize(self.url.data, self.url.size)
+        request.headers = self.headers if self.headers is not None else {}
+        request.forward = PyBytes_FromStringAndSize(self.forward.data, self.forward.size)
+        request.body = PyBytes_FromStringAndSize(self.body.data, self.body.size)
+        request.keep_alive = llhttp_should_keep_alive(<llhttp_t*>self.parser)
+        self.pending.append(request)
+        self.completed += 1
+        self.mid_message = False
+        return 0
+
+
+# llhttp's callbacks: C functions that find their reader in parser.data. A non-zero return
+# stops the parser; `feed` then raises the refusal the reader recorded.
+
+cdef int on_message_begin(llhttp_t* parser) noexcept:
+    cdef RequestReader reader = <RequestReader>parser.data
+    buffer_reset(&reader.url)
+    buffer_reset(&reader.forward)
+    buffer_reset(&reader.body)
+    reader.name.size = reader.value.size = 0
+    reader.header_bytes = reader.body_bytes = 0
+    reader.headers = None
+    reader.mid_message = True
+    return 0
+
+
+cdef int on_url(llhttp_t* parser, const char* at, size_t size) noexcept:
+    return (<RequestReader>parser.data).keep(&(<RequestReader>parser.data).url, at, size)
+
+
+cdef int on_header_field(llhttp_t* parser, const char* at, size_t size) noexcept:
+    return (<RequestReader>parser.data).keep(&(<RequestReader>parser.data).name, at, size)
+
+
+cdef int on_header_value(llhttp_t* parser, const char* at, size_t size) noexcept:
+    return (<RequestReader>parser.data).keep(&(<RequestReader>parser.data).value, at, size)
+
+
+cdef int on_header_value_complete(llhttp_t* parser) noexcept:
+    cdef RequestReader reader = <RequestReader>parser.data
+    try:
+        return -1 if reader.take_header() else 0
+    except BaseException:
+        return reader.refuse(400, "malformed HTTP request")
+
+
+cdef int on_headers_complete(llhttp_t* parser) noexcept:
+    return 1 if parser.upgrade else 0  # an upgrade has no body: feed refuses it next
+
+
+cdef int on_body(llhttp_t* parser, const char* at, size_t size) noexcept:
+    cdef RequestReader reader = <RequestReader>parser.data
+    reader.body_bytes += size
+    if reader.body_bytes > reader.max_body_bytes:
+        return reader.refuse(413, "request body is too large")
+    if buffer_add(&reader.body, at, size):
+        return reader.refuse(503, "the router is out of memory")
+    return 0
+
+
+cdef int on_message_complete(llhttp_t* parser) noexcept:
+    cdef RequestReader reader = <RequestReader>parser.data
+    try:
+        return -1 if reader.take_request() else 0
+    except BaseException:
+        return reader.refuse(400, "malformed HTTP request")
+
+
+learn_names()
+llhttp_settings_init(&request_settings)
+request_settings.on_message_begin = on_message_begin
+request_settings.on_url = on_url
+request_settings.on_header_field = on_header_field
+request_settings.on_header_value = on_header_value
+request_settings.on_header_value_complete = on_header_value_complete
+request_settings.on_headers_complete = on_headers_complete
+request_settings.on_body = on_body
+request_settings.on_message_complete = on_message_complete

@@ -1,0 +1,20 @@
+"""The one place that decides which request reader the router uses: `router._wire` (llhttp's
+C callbacks) unless GPUROUTER_NO_EXTENSIONS=1 is set or it was not built, in which case
+`router.wire_py` (httptools), with the same API."""
+
+from router import wire_py
+from router.compiled import extensions_disabled
+
+if extensions_disabled():
+    _impl = wire_py
+else:
+    try:
+        from router import _wire as _impl
+    except ImportError:  # a source checkout that was never built
+        _impl = wire_py
+
+Request = _impl.Request
+RequestReader = _impl.RequestReader
+USING_EXTENSION = _impl is not wire_py
+
+__all__ = ["Request", "RequestReader", "USING_EXTENSION"]

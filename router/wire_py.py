@@ -1,0 +1,95 @@
+"""The request reader of `router._wire` on httptools' Python callbacks: the same answers, for
+GPUROUTER_NO_EXTENSIONS=1 and for a checkout whose extensions were not built."""
+
+from __future__ import annotations
+
+import httptools
+
+from router.errors import RequestRefused
+from router.forwarding import NOT_FORWARDED, READ_BY_ROUTER
+
+
+class Request:
+    """One request as the client sent it, read whole."""
+
+    __slots__ = ("method", "url", "headers", "forward", "body", "keep_alive")
+
+    def __repr__(self) -> str:
+        return f"Request({self.method!r}, {self.url!r})"
+
+
+class RequestReader:
+    """Reads the requests of one client connection; each one read whole is appended to
+    `pending`. `feed` raises RequestRefused for what the router will not take."""
+
+    def __init__(self, pending, max_header_bytes: int, max_body_bytes: int) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.pending = pending
+        self.max_header_bytes = max_header_bytes
+        self.max_body_bytes = max_body_bytes
+        self.mid_message = False
+        self.completed = 0
+
+    def feed(self, data: bytes) -> int:
+        """Reads `data`; returns how many requests it completed."""
+        self.completed = 0
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, RequestRefused):
+                raise cause from None
+            raise RequestRefused(400, "malformed HTTP request") from exc
+        except httptools.HttpParserUpgrade:
+            raise RequestRefused(400, "protocol upgrades are not supported") from None
+        except httptools.HttpParserError as exc:
+            raise RequestRefused(400, f"malformed HTTP request: {exc}") from None
+        return self.completed
+
+    def _count_head(self, size: int) -> None:
+        self.header_bytes += size
+        if self.header_bytes > self.max_header_bytes:
+            raise RequestRefused(431, "request headers are too large")
+
+    # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = {}
+        self.forward: list[bytes] = []
+        self.header_bytes = 0
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.mid_message = True
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        name = name.lower()
+        if name in READ_BY_ROUTER:
+            self.headers[name] = value
+        if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+            raise RequestRefused(413, "request body is too large")
+        if name not in NOT_FORWARDED:
+            self.forward.append(b"%s: %s\r\n" % (name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.max_body_bytes:
+            raise RequestRefused(413, "request body is too large")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        request = Request()
+        request.method = self.parser.get_method()
+        request.url = self.url
+        request.headers = self.headers
+        request.forward = b"".join(self.forward)
+        request.body = b"".join(self.body)
+        request.keep_alive = self.parser.should_keep_alive()
+        self.pending.append(request)
+        self.completed += 1
+        self.mid_message = False

@@ -1,0 +1,194 @@
+"""The request readers: llhttp's C callbacks (router._wire) and its httptools twin
+(router.wire_py) read the same requests the same way, and refuse the same ones with the same
+status, however the bytes are split across reads."""
+
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router import _wire, wire_py
+from router.errors import RequestRefused
+
+READERS = [_wire.RequestReader, wire_py.RequestReader]
+MAX_HEADER_BYTES, MAX_BODY_BYTES = 4096, 1000
+
+
+def read(reader_class, *pieces: bytes):
+    """The requests read from these pieces, as plain tuples, and the refusal if any."""
+    pending: deque = deque()
+    reader = reader_class(pending, MAX_HEADER_BYTES, MAX_BODY_BYTES)
+    refusal = None
+    try:
+        for piece in pieces:
+            reader.feed(piece)
+    except RequestRefused as exc:
+        refusal = (exc.status, str(exc))
+    requests = [(r.method, r.url, r.headers, r.forward, r.body, r.keep_alive) for r in pending]
+    return requests, refusal, reader.mid_message
+
+
+REQUEST = (
+    b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+    b"X-Empty:\r\nConnection: keep-alive, x-secret\r\nX-Secret: s\r\nAuthorization: Bearer k\r\n"
+    b'Te: trailers\r\nX-Request-Id: rid\r\nContent-Length: 13\r\n\r\n{"model":"m"}'
+)
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+def test_a_request_is_read_whole_with_lower_case_names(reader_class):
+    [request], refusal, mid = read(reader_class, REQUEST)
+    assert refusal is None and not mid
+    method, url, headers, forward, body, keep_alive = request
+    assert (method, url, body, keep_alive) == (
+        b"POST",
+        b"/v1/chat/completions?x=1",
+        b'{"model":"m"}',
+        True,
+    )
+    # Only the headers the router reads are kept by name...
+    assert headers == {
+        b"content-type": b"application/json",
+        b"connection": b"keep-alive, x-secret",
+        b"authorization": b"Bearer k",
+        b"x-request-id": b"rid",
+    }
+    # ...and every header but the hop-by-hop ones and those the router writes goes on.
+    assert forward == (
+        b"content-type: application/json\r\nx-empty: \r\nx-secret: s\r\nauthorization: Bearer k\r\n"
+    )
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+def test_any_split_reads_the_same(reader_class):
+    whole = read(reader_class, REQUEST)
+    for at in range(1, len(REQUEST)):
+        assert read(reader_class, REQUEST[:at], REQUEST[at:]) == whole, at
+    assert read(reader_class, *[REQUEST[i : i + 1] for i in range(len(REQUEST))]) == whole
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+def test_pipelined_requests_are_read_in_order_and_a_partial_one_is_mid_message(reader_class):
+    first = b"GET /healthz HTTP/1.1\r\nhost: a\r\n\r\n"
+    second = b"POST /v1/x HTTP/1.1\r\ncontent-length: 2\r\n\r\nok"
+    requests, refusal, mid = read(reader_class, first + second + b"GET / HT")
+    assert refusal is None and mid
+    assert [(r[0], r[1], r[4], r[5]) for r in requests] == [
+        (b"GET", b"/healthz", b"", True),
+        (b"POST", b"/v1/x", b"ok", True),
+    ]
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+@pytest.mark.parametrize(
+    "data",
+    [b"GET / HTTP/1.0\r\n\r\n", b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n"],
+)
+def test_a_request_that_closes_its_connection_is_not_kept_alive(reader_class, data):
+    [request], refusal, _ = read(reader_class, data + b"GET / HTTP/1.1\r\n\r\n")
+    assert request[5] is False
+    assert refusal[0] == 400  # nothing may follow it
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+def test_a_chunked_body_is_read_whole(reader_class):
+    data = b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    [request], refusal, _ = read(reader_class, data)
+    assert refusal is None and request[4] == b"abcde" and request[3] == b""
+
+
+REFUSED = [
+    (b"POST / HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nx", 400),  # smuggling
+    (b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", 400),  # bad chunk size
+    (b"\x00\x01 not http at all\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nx-big: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n", 431),
+    (b"GET /" + b"a" * MAX_HEADER_BYTES + b" HTTP/1.1\r\n\r\n", 431),
+    (b"POST / HTTP/1.1\r\ncontent-length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1), 413),
+    (b"POST / HTTP/1.1\r\ncontent-length: 99999999999999999999999\r\n\r\n", 400),  # overflow
+    (b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n" % 2000 + b"a" * 2000, 413),
+]
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+@pytest.mark.parametrize("data, status", REFUSED)
+def test_what_is_refused_and_with_which_status(reader_class, data, status):
+    _, refusal, _ = read(reader_class, data)
+    assert refusal is not None and refusal[0] == status
+
+
+def test_both_readers_give_the_same_reasons():
+    for data, _ in REFUSED:
+        assert read(_wire.RequestReader, data) == read(wire_py.RequestReader, data)
+
+
+def test_a_reader_that_refused_keeps_the_requests_it_had_read():
+    good = b"GET /a HTTP/1.1\r\n\r\n"
+    for reader_class in READERS:
+        requests, refusal, _ = read(reader_class, good + b"\x00bad\r\n\r\n")
+        assert refusal[0] == 400 and [r[1] for r in requests] == [b"/a"]
+
+
+token = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-",
+    min_size=1,
+    max_size=12,
+)
+header_name = st.one_of(
+    token,
+    st.sampled_from(
+        [
+            "Content-Type",
+            "Connection",
+            "X-Request-Id",
+            "Host",
+            "Te",
+            "Keep-Alive",
+            "Authorization",
+            "X-Session-Id",
+            "X-Forwarded-For",
+            "X-Gpufleet-Model",
+            "Upgrade",
+        ]
+    ),
+)
+header_value = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789 ,;=/-", max_size=30).map(
+    str.strip
+)
+requests = st.lists(
+    st.tuples(
+        st.sampled_from([b"GET", b"POST", b"DELETE", b"PUT"]),
+        st.text(alphabet="abc/?=&123", max_size=20).map(lambda p: ("/" + p).encode()),
+        st.lists(st.tuples(header_name, header_value), max_size=8),
+        st.one_of(st.none(), st.binary(max_size=40)),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def encode(method, path, headers, body, chunked) -> bytes:
+    lines = [b"%s %s HTTP/1.1" % (method, path)]
+    lines += [b"%s: %s" % (n.encode(), v.encode()) for n, v in headers]
+    if body is not None:
+        if chunked:
+            lines.append(b"Transfer-Encoding: chunked")
+            framed = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+        else:
+            lines.append(b"Content-Length: %d" % len(body))
+            framed = body
+    else:
+        framed = b""
+    return b"\r\n".join(lines) + b"\r\n\r\n" + framed
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests, st.lists(st.integers(0, 400), max_size=4))
+def test_the_reader_and_its_twin_agree(batch, cuts):
+    data = b"".join(encode(*request) for request in batch)
+    points = sorted({min(c, len(data)) for c in cuts})
+    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    assert read(_wire.RequestReader, *pieces) == read(wire_py.RequestReader, *pieces)
