@@ -30,3 +30,15 @@ cdef class RequestReader:
     cdef int keep(self, Buffer* buffer, const char* at, Py_ssize_t size) noexcept
     cdef int take_header(self) except -1
     cdef int take_request(self) except -1
+
+
+cdef class ResponseReader:
+    cdef void* parser
+    cdef Buffer reason, name, value, relayed
+    cdef object answer_head, answer_body, answer_complete
+    cdef readonly bytes head
+    cdef readonly bint length_given, sse, headers_done, framed
+    cdef object failure
+
+    cpdef int feed(self, bytes data) except -1
+    cdef int take_header(self) noexcept

@@ -1,11 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""HTTP/1.1 requests read straight from llhttp's C callbacks: no Python call and no Python
-object per header. What a request leaves behind is one `Request`: the method, the target, the
-few headers the router reads (a dict of lower-case names), the header lines that go on to the
-replica (lower-case names, hop-by-hop ones dropped) as one bytes object, and the body.
+"""HTTP/1.1 read straight from llhttp's C callbacks: no Python call and no Python object per
+header, on either side.
+
+- A client's request leaves one `Request`: the method, the target, the few headers the router
+  reads (a dict of lower-case names), the header lines that go on to the replica (lower-case
+  names, hop-by-hop ones dropped) as one bytes object, and the body.
+- A replica's answer is told to its connection in three calls at most per read: its head (the
+  lines to relay as one bytes object), its body pieces, its end.
 
 llhttp is the parser httptools wraps; it is built into this extension from the pinned source
-setup.py fetches. `wire_py.RequestReader` is the same reader on httptools, for
+setup.py fetches. `router.wire_py` has the same readers on httptools, for
 GPUROUTER_NO_EXTENSIONS=1; the differential tests hold the two to the same answers.
 """
 
@@ -13,8 +17,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcmp, memcpy
 
-from router.errors import RequestRefused
-from router.forwarding import NOT_FORWARDED, READ_BY_ROUTER
+from router.errors import InvalidResponse, RequestRefused
+from router.forwarding import NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
 
 
 cdef extern from "llhttp.h":
@@ -22,6 +26,7 @@ cdef extern from "llhttp.h":
         void* data
         unsigned char method
         unsigned char upgrade
+        unsigned short status_code
 
     ctypedef int (*llhttp_data_cb)(llhttp_t*, const char*, size_t) noexcept
     ctypedef int (*llhttp_cb)(llhttp_t*) noexcept
@@ -29,6 +34,7 @@ cdef extern from "llhttp.h":
     ctypedef struct llhttp_settings_t:
         llhttp_cb on_message_begin
         llhttp_data_cb on_url
+        llhttp_data_cb on_status
         llhttp_data_cb on_header_field
         llhttp_data_cb on_header_value
         llhttp_cb on_header_value_complete
@@ -42,6 +48,7 @@ cdef extern from "llhttp.h":
 
     ctypedef enum llhttp_type_t:
         HTTP_REQUEST
+        HTTP_RESPONSE
 
     ctypedef enum llhttp_method_t:
         pass
@@ -91,6 +98,16 @@ cdef int content_length_index = -1
 cdef tuple known_objects  # the same names as bytes objects: the keys of Request.headers
 cdef list method_names = [None] * 64  # bytes per llhttp method number, made on first use
 cdef llhttp_settings_t request_settings
+cdef llhttp_settings_t response_settings
+
+# The answer's headers the router looks at, lower case: all but content-type are not relayed as
+# they came (content-length is written again, as the router frames the answer itself).
+cdef const char* answer_names[16]
+cdef Py_ssize_t answer_sizes[16]
+cdef int answer_count = 0
+cdef int answer_content_length = -1
+cdef int answer_transfer_encoding = -1
+cdef int answer_content_type = -1
 
 
 cdef void learn_names():
@@ -106,6 +123,39 @@ cdef void learn_names():
         if name == b"content-length":
             content_length_index = index
     known_count = len(names)
+    global answer_count, answer_content_length, answer_transfer_encoding, answer_content_type
+    global answer_objects
+    answer_objects = tuple(sorted(NOT_RELAYED | {b"content-type"}))
+    assert len(answer_objects) <= 16
+    for index, name in enumerate(answer_objects):
+        answer_names[index] = PyBytes_AS_STRING(name)
+        answer_sizes[index] = PyBytes_GET_SIZE(name)
+    answer_count = len(answer_objects)
+    answer_content_length = answer_objects.index(b"content-length")
+    answer_transfer_encoding = answer_objects.index(b"transfer-encoding")
+    answer_content_type = answer_objects.index(b"content-type")
+
+
+cdef tuple answer_objects
+
+
+cdef int answer_index(const char* name, Py_ssize_t size) noexcept:
+    """The answer header `name` (any case) in answer_names, or -1."""
+    cdef int index
+    cdef Py_ssize_t at
+    cdef char c
+    for index in range(answer_count):
+        if answer_sizes[index] != size:
+            continue
+        for at in range(size):
+            c = name[at]
+            if 65 <= c <= 90:
+                c += 32
+            if c != answer_names[index][at]:
+                break
+        else:
+            return index
+    return -1
 
 
 cdef int known_index(const char* name, Py_ssize_t size) noexcept:
@@ -256,6 +306,79 @@ cdef class RequestReader:
         return 0
 
 
+cdef class ResponseReader:
+    """Reads the answers of one replica connection and tells `sink` of each:
+    `sink.answer_head(status, reason)` once the head is read (`head` then holds the header lines
+    to relay, `length_given` and `sse` what the head said), `sink.answer_body(data)` for each
+    piece of the body, `sink.answer_complete(keep_alive)` at its end. `feed` raises
+    InvalidResponse for what is not HTTP."""
+
+    def __cinit__(self):
+        cdef llhttp_t* parser = <llhttp_t*>calloc(1, sizeof(llhttp_t))
+        if parser == NULL:
+            raise MemoryError()
+        llhttp_init(parser, HTTP_RESPONSE, &response_settings)
+        parser.data = <void*>self
+        self.parser = parser
+
+    def __init__(self, sink):
+        self.answer_head = sink.answer_head
+        self.answer_body = sink.answer_body
+        self.answer_complete = sink.answer_complete
+        self.head = b""
+
+    def __dealloc__(self):
+        free(self.parser)
+        free(self.reason.data)
+        free(self.name.data)
+        free(self.value.data)
+        free(self.relayed.data)
+
+    cpdef int feed(self, bytes data) except -1:
+        cdef llhttp_errno_t error = llhttp_execute(
+            <llhttp_t*>self.parser, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)
+        )
+        if error == HPE_OK:
+            return 0
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise InvalidResponse("the router failed on this answer") from failure
+        raise InvalidResponse(llhttp_get_error_reason(<llhttp_t*>self.parser).decode("latin-1"))
+
+    cdef int take_header(self) noexcept:
+        cdef Buffer* name = &self.name
+        cdef Buffer* value = &self.value
+        cdef int index = answer_index(name.data, name.size)
+        cdef int failed = 0
+        if index < 0:
+            failed = (
+                buffer_add(&self.relayed, name.data, name.size)
+                or buffer_add(&self.relayed, b": ", 2)
+                or buffer_add(&self.relayed, value.data, value.size)
+                or buffer_add(&self.relayed, b"\r\n", 2)
+            )
+        elif index == answer_content_length:
+            self.framed = self.length_given = True
+            failed = (
+                buffer_add(&self.relayed, b"content-length: ", 16)
+                or buffer_add(&self.relayed, value.data, value.size)
+                or buffer_add(&self.relayed, b"\r\n", 2)
+            )
+        elif index == answer_transfer_encoding:
+            self.framed = True
+        elif index == answer_content_type:
+            if value.size >= 17 and memcmp(value.data, b"text/event-stream", 17) == 0:
+                self.sse = True
+            failed = (
+                buffer_add(&self.relayed, name.data, name.size)
+                or buffer_add(&self.relayed, b": ", 2)
+                or buffer_add(&self.relayed, value.data, value.size)
+                or buffer_add(&self.relayed, b"\r\n", 2)
+            )
+        name.size = value.size = 0
+        return -1 if failed else 0
+
+
 # llhttp's callbacks: C functions that find their reader in parser.data. A non-zero return
 # stops the parser; `feed` then raises the refusal the reader recorded.
 
@@ -313,6 +436,64 @@ cdef int on_message_complete(llhttp_t* parser) noexcept:
         return reader.refuse(400, "malformed HTTP request")
 
 
+cdef int answer_begins(llhttp_t* parser) noexcept:
+    cdef ResponseReader reader = <ResponseReader>parser.data
+    reader.reason.size = reader.name.size = reader.value.size = 0
+    buffer_reset(&reader.relayed)
+    reader.length_given = reader.sse = reader.headers_done = reader.framed = False
+    return 0
+
+
+cdef int answer_reason(llhttp_t* parser, const char* at, size_t size) noexcept:
+    return buffer_add(&(<ResponseReader>parser.data).reason, at, size)
+
+
+cdef int answer_header_name(llhttp_t* parser, const char* at, size_t size) noexcept:
+    return buffer_add(&(<ResponseReader>parser.data).name, at, size)
+
+
+cdef int answer_header_value(llhttp_t* parser, const char* at, size_t size) noexcept:
+    return buffer_add(&(<ResponseReader>parser.data).value, at, size)
+
+
+cdef int answer_header_done(llhttp_t* parser) noexcept:
+    return (<ResponseReader>parser.data).take_header()
+
+
+cdef int answer_head_done(llhttp_t* parser) noexcept:
+    cdef ResponseReader reader = <ResponseReader>parser.data
+    try:
+        reader.headers_done = True
+        reader.head = PyBytes_FromStringAndSize(reader.relayed.data, reader.relayed.size)
+        reader.answer_head(
+            parser.status_code, PyBytes_FromStringAndSize(reader.reason.data, reader.reason.size)
+        )
+    except BaseException as exc:
+        reader.failure = exc
+        return -1
+    return 1 if parser.upgrade else 0
+
+
+cdef int answer_body(llhttp_t* parser, const char* at, size_t size) noexcept:
+    cdef ResponseReader reader = <ResponseReader>parser.data
+    try:
+        reader.answer_body(PyBytes_FromStringAndSize(at, size))
+    except BaseException as exc:
+        reader.failure = exc
+        return -1
+    return 0
+
+
+cdef int answer_done(llhttp_t* parser) noexcept:
+    cdef ResponseReader reader = <ResponseReader>parser.data
+    try:
+        reader.answer_complete(bool(llhttp_should_keep_alive(parser)))
+    except BaseException as exc:
+        reader.failure = exc
+        return -1
+    return 0
+
+
 learn_names()
 llhttp_settings_init(&request_settings)
 request_settings.on_message_begin = on_message_begin
@@ -323,3 +504,13 @@ request_settings.on_header_value_complete = on_header_value_complete
 request_settings.on_headers_complete = on_headers_complete
 request_settings.on_body = on_body
 request_settings.on_message_complete = on_message_complete
+
+llhttp_settings_init(&response_settings)
+response_settings.on_message_begin = answer_begins
+response_settings.on_status = answer_reason
+response_settings.on_header_field = answer_header_name
+response_settings.on_header_value = answer_header_value
+response_settings.on_header_value_complete = answer_header_done
+response_settings.on_headers_complete = answer_head_done
+response_settings.on_body = answer_body
+response_settings.on_message_complete = answer_done

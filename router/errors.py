@@ -55,3 +55,7 @@ class RequestRefused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class InvalidResponse(Exception):
+    """What a replica sent is not an HTTP answer."""

@@ -1,5 +1,6 @@
 # Types of router/exchange.py when compiled (Cython's pure Python mode): the .py is the code.
 
+from router cimport _wire
 from router.context cimport ProxyContext
 from router.metrics cimport ModelStats
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
@@ -72,7 +73,7 @@ cdef class Exchange(ResponseListener):
     cpdef void _finish(self, int status, bint failed=*, tuple error=*, bytes extra=*) except *
     cdef void _broke(self, object exc)
     cpdef void flush(self) except *
-    cpdef void upstream_headers(self, int status, bytes reason, UpstreamConnection head) except *
+    cpdef void upstream_headers(self, int status, bytes reason, _wire.ResponseReader head) except *
     cpdef void upstream_body(self, bytes data) except *
     cpdef void upstream_complete(self, bint reusable) except *
     cpdef void upstream_lost(self, str reason, bint reused) except *

@@ -396,7 +396,7 @@ class Exchange(ResponseListener):
                 self.client.transport.write(b"".join(self.outgoing))
             self.outgoing.clear()
 
-    def upstream_headers(self, status: int, reason: bytes, head: UpstreamConnection) -> None:
+    def upstream_headers(self, status: int, reason: bytes, head) -> None:
         try:
             if self.stage is not SEND:
                 return
@@ -415,7 +415,7 @@ class Exchange(ResponseListener):
             # The head's pieces join the body's in `outgoing`: one join for the whole read.
             outgoing = self.outgoing
             outgoing.append(status_line(status, reason))
-            outgoing.extend(head.relayed)
+            outgoing.append(head.head)
             if chunked:
                 outgoing.append(b"transfer-encoding: chunked\r\n")
             if not self.client.keep_alive:

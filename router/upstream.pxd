@@ -1,11 +1,14 @@
 # Types of router/upstream.py when compiled (Cython's pure Python mode): the .py is the code.
 
+from router cimport _wire
+
+
 cdef class UpstreamConnection
 cdef class UpstreamPool
 
 
 cdef class ResponseListener:
-    cpdef void upstream_headers(self, int status, bytes reason, UpstreamConnection head) except *
+    cpdef void upstream_headers(self, int status, bytes reason, _wire.ResponseReader head) except *
     cpdef void upstream_body(self, bytes data) except *
     cpdef void upstream_complete(self, bint reusable) except *
     cpdef void upstream_lost(self, str reason, bint reused) except *
@@ -15,22 +18,14 @@ cdef class ResponseListener:
 cdef class UpstreamConnection:
     cdef public UpstreamPool pool
     cdef public object transport
-    cdef public object parser
+    cdef public _wire.ResponseReader reader
     cdef public ResponseListener listener
-    cdef public list relayed
-    cdef public bint length_given
-    cdef public bint sse
-    cdef public bytes reason
     cdef public bint closed
-    cdef public bint headers_done
-    cdef public bint framed
     cdef public long served
     cdef public double idle_since
 
     cpdef bint send(self, ResponseListener listener, bytes request)
-    cdef void ready_for_next(self)
-    cpdef void on_header(self, bytes name, bytes value) except *
-    cpdef void on_body(self, bytes body) except *
+    cpdef void answer_body(self, bytes data) except *
     cpdef void close(self)
     cpdef void detach(self)
 

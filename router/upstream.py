@@ -1,4 +1,4 @@
-"""Pooled keep-alive HTTP/1.1 connections to replicas, parsed with httptools.
+"""Pooled keep-alive HTTP/1.1 connections to replicas, their answers read by `router.wire`.
 
 An `UpstreamConnection` carries one exchange at a time and reports what it parses to a
 listener (the client connection that sent the request); when the answer is complete and the
@@ -11,18 +11,16 @@ import asyncio
 import socket
 from urllib.parse import urlsplit
 
-import httptools
-
-from router.forwarding import NOT_RELAYED
+from router.errors import InvalidResponse
+from router.wire import ResponseReader
 
 
 class ResponseListener:
     """What an upstream connection reports to (an `Exchange`). A base class rather than a
     protocol so that, compiled, these calls are C calls."""
 
-    def upstream_headers(self, status: int, reason: bytes, head: UpstreamConnection) -> None:
-        """`head.relayed`: the pieces of the header lines to pass on; `head.length_given`,
-        `head.sse`."""
+    def upstream_headers(self, status: int, reason: bytes, head: ResponseReader) -> None:
+        """`head.head`: the header lines to pass on; `head.length_given`, `head.sse`."""
         raise NotImplementedError
 
     def upstream_body(self, data: bytes) -> None:
@@ -45,13 +43,11 @@ class UpstreamConnection:
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        self.reader = ResponseReader(self)
         self.listener: ResponseListener | None = None
-        self.reason = b""
         self.closed = False
         self.served = 0  # answers completed on this connection
         self.idle_since = 0.0
-        self.ready_for_next()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -75,57 +71,26 @@ class UpstreamConnection:
     def data_received(self, data: bytes) -> None:
         listener = self.listener
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
+            self.reader.feed(data)
+        except InvalidResponse:
             self.abort("invalid HTTP from upstream")
         if listener is not None:
             listener.flush()
 
-    def ready_for_next(self) -> None:
-        """What one answer's head set, cleared for the next (rather than in an
-        on_message_begin callback: one call less from the parser per answer)."""
-        self.relayed = []
-        self.length_given = self.sse = self.headers_done = self.framed = False
+    # what the reader tells
 
-    def on_status(self, reason: bytes) -> None:
-        self.reason += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        # Each header is sorted as it is parsed, into the pieces of the lines the client will
-        # get (no formatting per header): the relayed head is then one join.
-        lower = name.lower()
-        relayed = self.relayed
-        if lower in NOT_RELAYED:
-            if lower == b"content-length":
-                self.framed = self.length_given = True
-                relayed.append(b"content-length: ")
-                relayed.append(value)
-                relayed.append(b"\r\n")
-            elif lower == b"transfer-encoding":
-                self.framed = True
-            return
-        if lower == b"content-type" and value.startswith(b"text/event-stream"):
-            self.sse = True
-        relayed.append(name)
-        relayed.append(b": ")
-        relayed.append(value)
-        relayed.append(b"\r\n")
-
-    def on_headers_complete(self) -> None:
-        self.headers_done = True
+    def answer_head(self, status: int, reason: bytes) -> None:
         if self.listener is not None:
-            self.listener.upstream_headers(self.parser.get_status_code(), self.reason, self)
-        self.reason = b""
+            self.listener.upstream_headers(status, reason, self.reader)
 
-    def on_body(self, body: bytes) -> None:
+    def answer_body(self, data: bytes) -> None:
         if self.listener is not None:
-            self.listener.upstream_body(body)
+            self.listener.upstream_body(data)
 
-    def on_message_complete(self) -> None:
+    def answer_complete(self, keep_alive: bool) -> None:
         self.served += 1
-        self.ready_for_next()
         listener, self.listener = self.listener, None
-        reusable = self.parser.should_keep_alive() and not self.closed
+        reusable = keep_alive and not self.closed
         # Back in the pool before the listener hears of it: the client's next (pipelined)
         # request, started from there, can take this very connection.
         if reusable:
@@ -140,7 +105,7 @@ class UpstreamConnection:
         self.pool.forget(self)
         if self.listener is None:
             return
-        if self.headers_done and not self.framed:
+        if self.reader.headers_done and not self.reader.framed:
             # A body with neither length nor chunks ends with the connection: it is complete.
             listener, self.listener = self.listener, None
             listener.upstream_complete(False)

@@ -1,5 +1,5 @@
-"""The one place that decides which request reader the router uses: `router._wire` (llhttp's
-C callbacks) unless GPUROUTER_NO_EXTENSIONS=1 is set or it was not built, in which case
+"""The one place that decides which HTTP readers the router uses: `router._wire` (llhttp's C
+callbacks) unless GPUROUTER_NO_EXTENSIONS=1 is set or it was not built, in which case
 `router.wire_py` (httptools), with the same API."""
 
 from router import wire_py
@@ -15,6 +15,7 @@ else:
 
 Request = _impl.Request
 RequestReader = _impl.RequestReader
+ResponseReader = _impl.ResponseReader
 USING_EXTENSION = _impl is not wire_py
 
-__all__ = ["Request", "RequestReader", "USING_EXTENSION"]
+__all__ = ["Request", "RequestReader", "ResponseReader", "USING_EXTENSION"]

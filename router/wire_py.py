@@ -1,12 +1,12 @@
-"""The request reader of `router._wire` on httptools' Python callbacks: the same answers, for
+"""The readers of `router._wire` on httptools' Python callbacks: the same answers, for
 GPUROUTER_NO_EXTENSIONS=1 and for a checkout whose extensions were not built."""
 
 from __future__ import annotations
 
 import httptools
 
-from router.errors import RequestRefused
-from router.forwarding import NOT_FORWARDED, READ_BY_ROUTER
+from router.errors import InvalidResponse, RequestRefused
+from router.forwarding import NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
 
 
 class Request:
@@ -93,3 +93,60 @@ class RequestReader:
         self.pending.append(request)
         self.completed += 1
         self.mid_message = False
+
+
+class ResponseReader:
+    """Reads the answers of one replica connection and tells `sink` of each:
+    `sink.answer_head(status, reason)` once the head is read (`head` then holds the header lines
+    to relay, `length_given` and `sse` what the head said), `sink.answer_body(data)` for each
+    piece of the body, `sink.answer_complete(keep_alive)` at its end. `feed` raises
+    InvalidResponse for what is not HTTP."""
+
+    def __init__(self, sink) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.sink = sink
+        self.head = b""
+        self.length_given = self.sse = self.headers_done = self.framed = False
+
+    def feed(self, data: bytes) -> int:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            raise InvalidResponse("the router failed on this answer") from exc.__context__
+        except httptools.HttpParserError as exc:
+            raise InvalidResponse(str(exc)) from None
+        return 0
+
+    # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self.reason = b""
+        self.relayed: list[bytes] = []
+        self.length_given = self.sse = self.headers_done = self.framed = False
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lower = name.lower()
+        if lower in NOT_RELAYED:
+            if lower == b"content-length":
+                self.framed = self.length_given = True
+                self.relayed.append(b"content-length: %s\r\n" % value)
+            elif lower == b"transfer-encoding":
+                self.framed = True
+            return
+        if lower == b"content-type" and value.startswith(b"text/event-stream"):
+            self.sse = True
+        self.relayed.append(b"%s: %s\r\n" % (name, value))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        self.head = b"".join(self.relayed)
+        self.sink.answer_head(self.parser.get_status_code(), self.reason)
+
+    def on_body(self, body: bytes) -> None:
+        self.sink.answer_body(body)
+
+    def on_message_complete(self) -> None:
+        self.sink.answer_complete(self.parser.should_keep_alive())

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router import _wire, wire_py
-from router.errors import RequestRefused
+from router.errors import InvalidResponse, RequestRefused
 
 READERS = [_wire.RequestReader, wire_py.RequestReader]
 MAX_HEADER_BYTES, MAX_BODY_BYTES = 4096, 1000
@@ -192,3 +192,139 @@ def test_the_reader_and_its_twin_agree(batch, cuts):
     points = sorted({min(c, len(data)) for c in cuts})
     pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
     assert read(_wire.RequestReader, *pieces) == read(wire_py.RequestReader, *pieces)
+
+
+class Sink:
+    """Records what a response reader tells its connection."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.reader = None
+
+    def answer_head(self, status, reason):
+        head = self.reader
+        self.events.append(("head", status, reason, head.head, head.length_given, head.sse))
+
+    def answer_body(self, data):
+        if self.events[-1][0] == "body":  # pieces are split by reads: compare their sum
+            self.events[-1] = ("body", self.events[-1][1] + data)
+        else:
+            self.events.append(("body", data))
+
+    def answer_complete(self, keep_alive):
+        self.events.append(("complete", keep_alive))
+
+
+RESPONSE_READERS = [_wire.ResponseReader, wire_py.ResponseReader]
+
+
+def read_answers(reader_class, *pieces: bytes):
+    sink = Sink()
+    reader = sink.reader = reader_class(sink)
+    error = None
+    try:
+        for piece in pieces:
+            reader.feed(piece)
+    except InvalidResponse as exc:
+        error = str(exc)
+    return sink.events, error, reader.headers_done, reader.framed
+
+
+ANSWER = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nX-Request-Id: theirs\r\n"
+    b"Connection: keep-alive\r\nServer: engine\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5\r\ndata:\r\n3\r\n 1\n\r\n0\r\n\r\n"
+    b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nKeep-Alive: timeout=5\r\n\r\nno"
+)
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_an_answer_head_keeps_what_is_relayed_and_says_how_it_is_framed(reader_class):
+    events, error, _, _ = read_answers(reader_class, ANSWER)
+    assert error is None
+    assert events == [
+        (
+            "head",
+            200,
+            b"OK",
+            b"Content-Type: text/event-stream; charset=utf-8\r\nServer: engine\r\n",
+            False,
+            True,
+        ),
+        ("body", b"data: 1\n"),
+        ("complete", True),
+        ("head", 404, b"Not Found", b"content-length: 2\r\n", True, False),
+        ("body", b"no"),
+        ("complete", True),
+    ]
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_any_split_of_answers_reads_the_same(reader_class):
+    whole = read_answers(reader_class, ANSWER)
+    for at in range(1, len(ANSWER)):
+        assert read_answers(reader_class, ANSWER[:at], ANSWER[at:]) == whole, at
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_an_answer_without_length_or_chunks_is_unframed(reader_class):
+    events, error, headers_done, framed = read_answers(
+        reader_class, b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\npart"
+    )
+    assert error is None and headers_done and not framed
+    assert events[-1] == ("body", b"part")  # the rest comes until the replica closes
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_what_is_not_an_answer_is_invalid(reader_class):
+    for data in (b"SSH-2.0-OpenSSH\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n"):
+        _, error, _, _ = read_answers(reader_class, data)
+        assert error
+
+
+def test_a_sink_that_fails_makes_the_answer_invalid():
+    class Failing(Sink):
+        def answer_body(self, data):
+            raise RuntimeError("bug")
+
+    for reader_class in RESPONSE_READERS:
+        sink = Failing()
+        reader = sink.reader = reader_class(sink)
+        with pytest.raises(InvalidResponse) as raised:
+            reader.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx")
+        assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+answers = st.lists(
+    st.tuples(
+        st.sampled_from([200, 201, 404, 500, 503]),
+        st.lists(st.tuples(header_name, header_value), max_size=6),
+        st.binary(max_size=40),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def encode_answer(status, headers, body, chunked) -> bytes:
+    lines = [b"HTTP/1.1 %d Reason" % status]
+    lines += [b"%s: %s" % (n.encode(), v.encode()) for n, v in headers]
+    if chunked:
+        lines.append(b"Transfer-Encoding: chunked")
+        framed = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+    else:
+        lines.append(b"Content-Length: %d" % len(body))
+        framed = body
+    return b"\r\n".join(lines) + b"\r\n\r\n" + framed
+
+
+@settings(max_examples=300, deadline=None)
+@given(answers, st.lists(st.integers(0, 400), max_size=4))
+def test_the_response_reader_and_its_twin_agree(batch, cuts):
+    data = b"".join(encode_answer(*answer) for answer in batch)
+    points = sorted({min(c, len(data)) for c in cuts})
+    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    assert read_answers(_wire.ResponseReader, *pieces) == read_answers(
+        wire_py.ResponseReader, *pieces
+    )
