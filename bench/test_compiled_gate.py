@@ -10,11 +10,11 @@ import sys
 from bench.figures import record
 from bench.proxy_inprocess import run
 
-# Measured on a 2-core shared machine: medians of 2.7 to 3.0, single pairs from 2.0 to 4.1.
-# The gate reads the median of 31 pairs and sits 15% under the lowest median seen, so that it
-# fails on a regression (the interpreted path is 2.1x the compiled one in instructions alone),
-# not on noise.
-MIN_RATIO = 2.3
+# Measured on a 2-core shared machine, with both HTTP readers in C: medians of 4.2 to 4.6,
+# single pairs from 3.6 to 4.8. The gate reads the median of 31 pairs and sits about 30% under
+# the lowest median seen, so that it fails on a regression (the interpreted path is 3.2x the
+# compiled one in instructions alone), not on noise.
+MIN_RATIO = 3.0
 
 
 def test_the_compiled_request_path_beats_its_interpreted_source(benchmark):
