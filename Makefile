@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# A changed .pxd rebuilds every module: the modules that cimport it embed its layouts.
 $(BUILT): $(STAMP) $(COMPILED_SOURCES)
-	$(BIN)/python setup.py -q build_ext --inplace
+	$(BIN)/python setup.py -q build_ext --inplace $(if $(filter %.pxd,$?),--force)
 	touch $(BUILT)
 
 ## test: install, build the extension, lint, run every test and perf gate

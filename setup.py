@@ -84,5 +84,8 @@ setup(
         # The .pxd files type the modules, not their annotations; the .pyx files set their own
         # bounds-check directives, and the .py modules keep Python's.
         compiler_directives={"language_level": 3, "annotation_typing": False},
+        # build_ext --force regenerates the C too: cythonize misses some .pxd dependencies (a
+        # .pxd cimported by another module's .pxd), and `make` forces when a .pxd changed.
+        force="--force" in sys.argv,
     )
 )

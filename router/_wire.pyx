@@ -99,6 +99,7 @@ cdef tuple known_objects  # the same names as bytes objects: the keys of Request
 cdef list method_names = [None] * 64  # bytes per llhttp method number, made on first use
 cdef llhttp_settings_t request_settings
 cdef llhttp_settings_t response_settings
+cdef const char* HEX_DIGITS = b"0123456789abcdef"
 
 # The answer's headers the router looks at, lower case: all but content-type are not relayed as
 # they came (content-length is written again, as the router frames the answer itself).
@@ -309,9 +310,11 @@ cdef class RequestReader:
 cdef class ResponseReader:
     """Reads the answers of one replica connection and tells `sink` of each:
     `sink.answer_head(status, reason)` once the head is read (`head` then holds the header lines
-    to relay, `length_given` and `sse` what the head said), `sink.answer_body(data)` for each
-    piece of the body, `sink.answer_complete(keep_alive)` at its end. `feed` raises
-    InvalidResponse for what is not HTTP."""
+    to relay, `length_given` and `sse` what the head said); `sink.answer_body(data)` at most once
+    per read, with all of the body that read brought, as the client is to get it (in chunks of
+    its own when the answer has no length: each piece the replica sent becomes one chunk);
+    `sink.answer_complete(keep_alive)` at its end. `feed` raises InvalidResponse for what is not
+    HTTP."""
 
     def __cinit__(self):
         cdef llhttp_t* parser = <llhttp_t*>calloc(1, sizeof(llhttp_t))
@@ -333,17 +336,57 @@ cdef class ResponseReader:
         free(self.name.data)
         free(self.value.data)
         free(self.relayed.data)
+        free(self.body.data)
 
     cpdef int feed(self, bytes data) except -1:
         cdef llhttp_errno_t error = llhttp_execute(
             <llhttp_t*>self.parser, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)
         )
-        if error == HPE_OK:
+        if self.body.size and self.failure is None:
+            try:
+                self.pass_body()
+            except BaseException as exc:
+                self.failure = exc
+        if error == HPE_OK and self.failure is None:
             return 0
         if self.failure is not None:
             failure, self.failure = self.failure, None
             raise InvalidResponse("the router failed on this answer") from failure
         raise InvalidResponse(llhttp_get_error_reason(<llhttp_t*>self.parser).decode("latin-1"))
+
+    cdef int pass_body(self) except -1:
+        """The body read so far goes to the sink, in one bytes object."""
+        data = PyBytes_FromStringAndSize(self.body.data, self.body.size)
+        buffer_reset(&self.body)
+        self.answer_body(data)
+        return 0
+
+    cdef int keep_body(self, const char* at, Py_ssize_t size) noexcept:
+        """A piece of the body, kept as the client will get it."""
+        cdef char size_line[24]
+        cdef Py_ssize_t digits = 0
+        cdef Py_ssize_t rest = size
+        cdef Py_ssize_t at_digit
+        if self.length_given:
+            return buffer_add(&self.body, at, size)
+        while True:  # the chunk's size line: hex digits, then CRLF
+            digits += 1
+            rest >>= 4
+            if rest == 0:
+                break
+        rest = size
+        for at_digit in range(digits - 1, -1, -1):
+            size_line[at_digit] = HEX_DIGITS[rest & 15]
+            rest >>= 4
+        size_line[digits] = 13
+        size_line[digits + 1] = 10
+        if (
+            buffer_add(&self.body, size_line, digits + 2)
+            or buffer_add(&self.body, at, size)
+            or buffer_add(&self.body, b"\r\n", 2)
+        ):
+            return -1
+        return 0
 
     cdef int take_header(self) noexcept:
         cdef Buffer* name = &self.name
@@ -475,18 +518,16 @@ cdef int answer_head_done(llhttp_t* parser) noexcept:
 
 
 cdef int answer_body(llhttp_t* parser, const char* at, size_t size) noexcept:
-    cdef ResponseReader reader = <ResponseReader>parser.data
-    try:
-        reader.answer_body(PyBytes_FromStringAndSize(at, size))
-    except BaseException as exc:
-        reader.failure = exc
-        return -1
-    return 0
+    if size == 0:
+        return 0
+    return (<ResponseReader>parser.data).keep_body(at, size)
 
 
 cdef int answer_done(llhttp_t* parser) noexcept:
     cdef ResponseReader reader = <ResponseReader>parser.data
     try:
+        if reader.body.size:
+            reader.pass_body()
         reader.answer_complete(bool(llhttp_should_keep_alive(parser)))
     except BaseException as exc:
         reader.failure = exc

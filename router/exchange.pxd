@@ -6,8 +6,6 @@ from router.metrics cimport ModelStats
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
 
 
-cdef list _SIZE_LINES
-cpdef bytes chunk_size_line(Py_ssize_t size)
 cpdef bytes status_line(int status, bytes reason)
 
 

@@ -60,20 +60,6 @@ _ALLOWED = _moves(MOVES)
 # idle_timeout_s plus one sweep.
 RENEW_AT_SWEEP = -1.0
 
-# Size lines of relayed chunks, made once per size: relaying a chunk (a token of a stream is
-# tens of bytes) creates no object beyond the bytes the replica sent.
-_SIZE_LINES: list = [None] * 4096
-
-
-def chunk_size_line(size: int) -> bytes:
-    if size >= 4096:
-        return f"{size:x}\r\n".encode()
-    line = _SIZE_LINES[size]
-    if line is None:
-        line = _SIZE_LINES[size] = f"{size:x}\r\n".encode()
-    return line
-
-
 _STATUS_LINES: dict[int, tuple[bytes, bytes]] = {}  # status -> (reason, line) last sent
 
 
@@ -437,15 +423,9 @@ class Exchange(ResponseListener):
                 self.first_chunk_seen = True
                 self.stats.first_token.observe(self.ctx.clock() - self.started)
             self.deadline = RENEW_AT_SWEEP  # no clock read per chunk
-            if self.chunked:
-                # Three pieces, joined with the rest of the read in `flush`: the data is copied
-                # once, into that one write.
-                outgoing = self.outgoing
-                outgoing.append(chunk_size_line(len(data)))
-                outgoing.append(data)
-                outgoing.append(b"\r\n")
-            else:
-                self.outgoing.append(data)
+            # Framed by the reader as the client gets it; a read that brought only body is
+            # written as the one bytes object the reader made of it.
+            self.outgoing.append(data)
         except Exception as exc:
             self._broke(exc)
 

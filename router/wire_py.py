@@ -98,15 +98,18 @@ class RequestReader:
 class ResponseReader:
     """Reads the answers of one replica connection and tells `sink` of each:
     `sink.answer_head(status, reason)` once the head is read (`head` then holds the header lines
-    to relay, `length_given` and `sse` what the head said), `sink.answer_body(data)` for each
-    piece of the body, `sink.answer_complete(keep_alive)` at its end. `feed` raises
-    InvalidResponse for what is not HTTP."""
+    to relay, `length_given` and `sse` what the head said); `sink.answer_body(data)` at most once
+    per read, with all of the body that read brought, as the client is to get it (in chunks of
+    its own when the answer has no length: each piece the replica sent becomes one chunk);
+    `sink.answer_complete(keep_alive)` at its end. `feed` raises InvalidResponse for what is not
+    HTTP."""
 
     def __init__(self, sink) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.sink = sink
         self.head = b""
         self.length_given = self.sse = self.headers_done = self.framed = False
+        self.body: list[bytes] = []
 
     def feed(self, data: bytes) -> int:
         try:
@@ -114,8 +117,19 @@ class ResponseReader:
         except httptools.HttpParserCallbackError as exc:
             raise InvalidResponse("the router failed on this answer") from exc.__context__
         except httptools.HttpParserError as exc:
+            self._pass_body()
             raise InvalidResponse(str(exc)) from None
+        try:
+            self._pass_body()
+        except Exception as exc:
+            raise InvalidResponse("the router failed on this answer") from exc
         return 0
+
+    def _pass_body(self) -> None:
+        if self.body:
+            data = b"".join(self.body)
+            self.body.clear()
+            self.sink.answer_body(data)
 
     # httptools callbacks
 
@@ -146,7 +160,11 @@ class ResponseReader:
         self.sink.answer_head(self.parser.get_status_code(), self.reason)
 
     def on_body(self, body: bytes) -> None:
-        self.sink.answer_body(body)
+        if self.length_given:
+            self.body.append(body)
+        else:
+            self.body.append(b"%x\r\n%s\r\n" % (len(body), body))
 
     def on_message_complete(self) -> None:
+        self._pass_body()
         self.sink.answer_complete(self.parser.should_keep_alive())

@@ -320,11 +320,3 @@ def test_a_501_is_the_clients_mistake_and_ejects_nothing():
         assert sum(rig.ctx.metrics.ejections.values()) >= 1
 
     run(body)
-
-
-def test_chunk_size_lines_are_hex_and_made_once_per_size():
-    from router.exchange import chunk_size_line
-
-    assert chunk_size_line(26) == b"1a\r\n" and chunk_size_line(0x1000) == b"1000\r\n"
-    assert chunk_size_line(4095) == b"fff\r\n"
-    assert chunk_size_line(100) is chunk_size_line(100)  # a streamed token makes no new object

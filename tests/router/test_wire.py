@@ -194,19 +194,36 @@ def test_the_reader_and_its_twin_agree(batch, cuts):
     assert read(_wire.RequestReader, *pieces) == read(wire_py.RequestReader, *pieces)
 
 
+def dechunk(data: bytes) -> bytes:
+    """The content of chunks framed as a relayed answer's are: strictly, or the test fails."""
+    content = b""
+    while data:
+        size_line, crlf, data = data.partition(b"\r\n")
+        assert crlf and size_line and size_line == b"%x" % int(size_line, 16), size_line
+        size = int(size_line, 16)
+        assert size > 0 and data[size : size + 2] == b"\r\n", data
+        content, data = content + data[:size], data[size + 2 :]
+    return content
+
+
 class Sink:
-    """Records what a response reader tells its connection."""
+    """Records what a response reader tells its connection: the body as its content, unframed
+    (where reads split it decides where the relayed chunks are cut)."""
 
     def __init__(self) -> None:
         self.events: list = []
         self.reader = None
+        self.reads_with_body = 0
 
     def answer_head(self, status, reason):
         head = self.reader
         self.events.append(("head", status, reason, head.head, head.length_given, head.sse))
 
     def answer_body(self, data):
-        if self.events[-1][0] == "body":  # pieces are split by reads: compare their sum
+        self.reads_with_body += 1
+        if not self.reader.length_given:
+            data = dechunk(data)
+        if self.events[-1][0] == "body":
             self.events[-1] = ("body", self.events[-1][1] + data)
         else:
             self.events.append(("body", data))
@@ -227,6 +244,7 @@ def read_answers(reader_class, *pieces: bytes):
             reader.feed(piece)
     except InvalidResponse as exc:
         error = str(exc)
+    assert sink.reads_with_body <= len(pieces) + 3  # once per read, and once at each end
     return sink.events, error, reader.headers_done, reader.framed
 
 
@@ -267,12 +285,29 @@ def test_any_split_of_answers_reads_the_same(reader_class):
 
 
 @pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_a_read_of_many_chunks_is_passed_on_at_once_as_the_client_gets_it(reader_class):
+    relayed = []
+    sink = Sink()
+    sink.answer_body = relayed.append
+    reader = sink.reader = reader_class(sink)
+    reader.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    reader.feed(b"1a\r\n" + b"a" * 26 + b"\r\n2\r\nbc\r\n")
+    reader.feed(b"1000\r\n" + b"d" * 4096 + b"\r\n0\r\n\r\n")
+    assert relayed == [
+        b"1a\r\n" + b"a" * 26 + b"\r\n2\r\nbc\r\n",
+        b"1000\r\n" + b"d" * 4096 + b"\r\n",
+    ]
+    assert sink.events[-1] == ("complete", True)
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
 def test_an_answer_without_length_or_chunks_is_unframed(reader_class):
     events, error, headers_done, framed = read_answers(
         reader_class, b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\npart"
     )
     assert error is None and headers_done and not framed
-    assert events[-1] == ("body", b"part")  # the rest comes until the replica closes
+    # Relayed in chunks of its own; the rest comes until the replica closes.
+    assert events[-1] == ("body", b"part")
 
 
 @pytest.mark.parametrize("reader_class", RESPONSE_READERS)
