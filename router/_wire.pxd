@@ -18,7 +18,7 @@ cdef class Request:
 cdef class RequestReader:
     cdef void* parser  # an llhttp_t, opaque here: modules that cimport this need no llhttp.h
     cdef Buffer url, name, value, forward, body
-    cdef object pending
+    cdef list pending
     cdef Py_ssize_t max_header_bytes, max_body_bytes, header_bytes, body_bytes
     cdef dict headers
     cdef readonly bint mid_message

@@ -29,12 +29,13 @@ def stable_key(data: bytes) -> int:
 def affinity_key(payload, headers: dict, mode: str, prefix_chars: int) -> int:
     if mode == OFF or type(payload) is not dict:
         return 0
-    session = payload.get("prompt_cache_key") or headers.get(b"x-session-id") or payload.get("user")
+    fields = payload  # a dict: compiled, its lookups are C calls
+    session = fields.get("prompt_cache_key") or headers.get(b"x-session-id") or fields.get("user")
     if session:
         return stable_key(session if type(session) is bytes else str(session).encode())
     if mode != PREFIX:
         return 0
-    text = prompt_prefix(payload, prefix_chars)
+    text = prompt_prefix(fields, prefix_chars)
     return stable_key(text.encode()) if text else 0
 
 

@@ -2,14 +2,14 @@
 
 cimport cython
 
-from router cimport _wire
+from router cimport _wire, affinity, target
 from router.context cimport ProxyContext
 from router.exchange cimport ClientSide, Exchange
 
 
 cdef class ClientConnection(ClientSide):
     cdef public _wire.RequestReader reader
-    cdef public object pending
+    cdef public list pending
     cdef public double idle_since
     cdef public double reading_since
 

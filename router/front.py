@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections import deque
 
 import orjson
 
-from router.affinity import OFF, affinity_key
+from router import affinity, target
+from router.affinity import OFF
 from router.context import ProxyContext
 from router.errors import REASONS, RequestRefused, error_body
 from router.exchange import ClientSide, Exchange
-from router.target import Refusal, target_of
+from router.target import Refusal
 from router.wire import RequestReader
 
 JSON = b"application/json"
@@ -39,7 +39,7 @@ class ClientConnection(ClientSide):
         self.ctx = ctx
         self.transport: asyncio.Transport | None = None
         self.peer = b""
-        self.pending: deque = deque()  # requests read whole, waiting their turn
+        self.pending: list = []  # requests read whole, waiting their turn (a few at most)
         config = ctx.config
         self.reader = RequestReader(self.pending, config.max_header_bytes, config.max_body_bytes)
         self.exchange: Exchange | None = None
@@ -94,7 +94,7 @@ class ClientConnection(ClientSide):
     def next_request(self) -> None:
         if self.closed or self.exchange is not None or not self.pending:
             return
-        request = self.pending.popleft()
+        request = self.pending.pop(0)
         method, url, headers, body = request.method, request.url, request.headers, request.body
         self.keep_alive = request.keep_alive
         ctx = self.ctx
@@ -111,18 +111,18 @@ class ClientConnection(ClientSide):
                 self.list_models(path, request_id)
                 return
             try:
-                target = target_of(method, url, headers, body)
+                routed = target.target_of(method, url, headers, body)
             except Refusal as refusal:
                 self.respond_error(
                     refusal.status, str(refusal), request_id, refusal.code, refusal.param
                 )
                 return
-            mode = ctx.affinity_by_model.get(target[0], ctx.affinity)
+            mode = ctx.affinity_by_model.get(routed[0], ctx.affinity)
             key = 0
             if mode != OFF:
-                key = affinity_key(target[2], headers, mode, ctx.affinity_prefix_chars)
+                key = affinity.affinity_key(routed[2], headers, mode, ctx.affinity_prefix_chars)
             self.exchange = exchange = Exchange(
-                self, target, method, url, request.forward, headers, body, request_id, key
+                self, routed, method, url, request.forward, headers, body, request_id, key
             )
             ctx.metrics.in_flight += 1
             exchange.start()

@@ -1,3 +1,7 @@
 # Types of router/target.py when compiled (Cython's pure Python mode): the .py is the code.
 
+cimport cython
+
+
+@cython.locals(payload=dict)
 cpdef tuple target_of(bytes method, bytes url, dict headers, bytes body)

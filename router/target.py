@@ -35,10 +35,13 @@ def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[st
         if content_type[:1] in FORM_INITIALS and content_type[:19].lower() == MULTIPART_FORM:
             return _model_form_field(content_type, headers, body), False, None
         try:
-            payload = orjson.loads(body)
+            loaded = orjson.loads(body)
         except orjson.JSONDecodeError:
             raise Refusal(400, "the body is not valid JSON") from None
-        model = payload.get("model") if type(payload) is dict else None
+        if type(loaded) is not dict:
+            raise Refusal(400, "the body has no `model`", param="model")
+        payload = loaded  # a dict: compiled, its lookups are C calls
+        model = payload.get("model")
         if type(model) is not str or not model:
             raise Refusal(400, "the body has no `model`", param="model")
         return model, False, payload

@@ -2,7 +2,6 @@
 (router.wire_py) read the same requests the same way, and refuse the same ones with the same
 status, however the bytes are split across reads."""
 
-from collections import deque
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +16,7 @@ MAX_HEADER_BYTES, MAX_BODY_BYTES = 4096, 1000
 
 def read(reader_class, *pieces: bytes):
     """The requests read from these pieces, as plain tuples, and the refusal if any."""
-    pending: deque = deque()
+    pending: list = []
     reader = reader_class(pending, MAX_HEADER_BYTES, MAX_BODY_BYTES)
     refusal = None
     try:
