@@ -61,6 +61,8 @@ def fetch_llhttp() -> Path:
 debug = os.environ.get("GPUFLEET_CYTHON_DEBUG") == "1"
 flags = ["-O0", "-g"] if debug else ["-O3"]
 llhttp = fetch_llhttp()
+# The extension carries llhttp's code, so the package carries its licence (MIT).
+(ROOT / "router" / "LICENSE-llhttp").write_bytes((llhttp / "LICENSE-MIT").read_bytes())
 extensions = [
     Extension("router._fastpath", ["router/_fastpath.pyx"], extra_compile_args=flags),
     Extension(
