@@ -362,3 +362,17 @@ def test_the_response_reader_and_its_twin_agree(batch, cuts):
     assert read_answers(_wire.ResponseReader, *pieces) == read_answers(
         wire_py.ResponseReader, *pieces
     )
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=3))
+def test_any_bytes_get_the_same_answer_from_both_readers(data, cuts):
+    """Garbage, truncations and near-misses: the C readers neither crash nor differ."""
+    points = sorted({min(c, len(data)) for c in cuts})
+    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    for prefix in (b"", b"POST /v1/x HTTP/1.1\r\n", b"HTTP/1.1 200 OK\r\n"):
+        framed = [prefix + pieces[0], *pieces[1:]]
+        assert read(_wire.RequestReader, *framed) == read(wire_py.RequestReader, *framed)
+        assert read_answers(_wire.ResponseReader, *framed) == read_answers(
+            wire_py.ResponseReader, *framed
+        )
