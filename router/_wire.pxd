@@ -22,6 +22,7 @@ cdef class RequestReader:
     cdef Py_ssize_t max_header_bytes, max_body_bytes, header_bytes, body_bytes
     cdef dict headers
     cdef readonly bint mid_message
+    cdef public bint continue_wanted  # the request being read expects 100 Continue
     cdef int completed
     cdef object refusal
 
@@ -38,6 +39,7 @@ cdef class ResponseReader:
     cdef object answer_head, answer_body, answer_complete
     cdef readonly bytes head
     cdef readonly bint length_given, sse, headers_done, framed
+    cdef bint interim
     cdef object failure
 
     cpdef int feed(self, bytes data) except -1

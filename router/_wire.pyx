@@ -26,6 +26,8 @@ cdef extern from "llhttp.h":
         void* data
         unsigned char method
         unsigned char upgrade
+        unsigned char http_major
+        unsigned char http_minor
         unsigned short status_code
 
     ctypedef int (*llhttp_data_cb)(llhttp_t*, const char*, size_t) noexcept
@@ -95,6 +97,7 @@ cdef bint known_dropped[KNOWN_MAX]
 cdef bint known_read[KNOWN_MAX]
 cdef int known_count = 0
 cdef int content_length_index = -1
+cdef int expect_index = -1
 cdef tuple known_objects  # the same names as bytes objects: the keys of Request.headers
 cdef list method_names = [None] * 64  # bytes per llhttp method number, made on first use
 cdef llhttp_settings_t request_settings
@@ -112,7 +115,7 @@ cdef int answer_content_type = -1
 
 
 cdef void learn_names():
-    global known_count, content_length_index, known_objects
+    global known_count, content_length_index, expect_index, known_objects
     names = sorted(NOT_FORWARDED | READ_BY_ROUTER)
     assert len(names) <= KNOWN_MAX
     known_objects = tuple(names)
@@ -123,6 +126,8 @@ cdef void learn_names():
         known_read[index] = name in READ_BY_ROUTER
         if name == b"content-length":
             content_length_index = index
+        elif name == b"expect":
+            expect_index = index
     known_count = len(names)
     global answer_count, answer_content_length, answer_transfer_encoding, answer_content_type
     global answer_objects
@@ -165,6 +170,21 @@ cdef int known_index(const char* name, Py_ssize_t size) noexcept:
         if known_sizes[index] == size and memcmp(known_names[index], name, size) == 0:
             return index
     return -1
+
+
+cdef bint is_100_continue(const char* value, Py_ssize_t size) noexcept:
+    cdef const char* wanted = b"100-continue"
+    cdef Py_ssize_t at
+    cdef char c
+    if size != 12:
+        return False
+    for at in range(12):
+        c = value[at]
+        if 65 <= c <= 90:
+            c += 32
+        if c != wanted[at]:
+            return False
+    return True
 
 
 cdef bint more_than(const char* digits, Py_ssize_t size, Py_ssize_t limit) noexcept:
@@ -257,6 +277,7 @@ cdef class RequestReader:
         cdef Py_ssize_t at
         cdef char c
         cdef int index
+        cdef llhttp_t* parser
         for at in range(name.size):
             c = name.data[at]
             if 65 <= c <= 90:
@@ -274,6 +295,10 @@ cdef class RequestReader:
             ):
                 self.refuse(413, "request body is too large")
                 return 1
+            if index == expect_index and is_100_continue(value.data, value.size):
+                parser = <llhttp_t*>self.parser
+                # HTTP/1.0 clients cannot take an interim answer (RFC 9110, 10.1.1).
+                self.continue_wanted = parser.http_major > 1 or parser.http_minor >= 1
             if known_dropped[index]:
                 name.size = value.size = 0
                 return 0
@@ -303,7 +328,7 @@ cdef class RequestReader:
         request.keep_alive = llhttp_should_keep_alive(<llhttp_t*>self.parser)
         self.pending.append(request)
         self.completed += 1
-        self.mid_message = False
+        self.mid_message = self.continue_wanted = False
         return 0
 
 
@@ -313,8 +338,8 @@ cdef class ResponseReader:
     to relay, `length_given` and `sse` what the head said); `sink.answer_body(data)` at most once
     per read, with all of the body that read brought, as the client is to get it (in chunks of
     its own when the answer has no length: each piece the replica sent becomes one chunk);
-    `sink.answer_complete(keep_alive)` at its end. `feed` raises InvalidResponse for what is not
-    HTTP."""
+    `sink.answer_complete(keep_alive)` at its end. Interim answers (1xx but 101) are read and
+    dropped. `feed` raises InvalidResponse for what is not HTTP."""
 
     def __cinit__(self):
         cdef llhttp_t* parser = <llhttp_t*>calloc(1, sizeof(llhttp_t))
@@ -434,6 +459,7 @@ cdef int on_message_begin(llhttp_t* parser) noexcept:
     reader.header_bytes = reader.body_bytes = 0
     reader.headers = None
     reader.mid_message = True
+    reader.continue_wanted = False
     return 0
 
 
@@ -505,6 +531,10 @@ cdef int answer_header_done(llhttp_t* parser) noexcept:
 
 cdef int answer_head_done(llhttp_t* parser) noexcept:
     cdef ResponseReader reader = <ResponseReader>parser.data
+    if 100 <= parser.status_code < 200 and parser.status_code != 101:
+        # An interim answer (100 Continue, 103 Early Hints): the answer is still to come.
+        reader.interim = True
+        return 0
     try:
         reader.headers_done = True
         reader.head = PyBytes_FromStringAndSize(reader.relayed.data, reader.relayed.size)
@@ -525,6 +555,9 @@ cdef int answer_body(llhttp_t* parser, const char* at, size_t size) noexcept:
 
 cdef int answer_done(llhttp_t* parser) noexcept:
     cdef ResponseReader reader = <ResponseReader>parser.data
+    if reader.interim:
+        reader.interim = False
+        return 0
     try:
         if reader.body.size:
             reader.pass_body()

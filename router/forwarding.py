@@ -16,7 +16,15 @@ HOP_BY_HOP = frozenset(
         b"proxy-connection",
     }
 )
-NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"x-forwarded-for", b"x-request-id"}
+# Expect: the router reads the whole body before it picks a replica, so it answers
+# `100-continue` itself and the replica never sees the expectation.
+NOT_FORWARDED = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"x-forwarded-for",
+    b"x-request-id",
+    b"expect",
+}
 # The request headers the router itself reads (routing, keys, affinity, forwarding): a request
 # keeps only these by name, the rest go on as lines.
 READ_BY_ROUTER = frozenset(

@@ -20,3 +20,4 @@ cdef class ClientConnection(ClientSide):
     cpdef void respond(self, int status, bytes body, bytes request_id=*, bytes extra=*, bytes content_type=*) except *
     cpdef void request_done(self, double now) except *
     cpdef void close(self)
+    cdef void send_continue(self) except *

@@ -25,6 +25,7 @@ from router.wire import RequestReader
 JSON = b"application/json"
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4"
 MAX_PIPELINED = 8
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # A request's reading time starts at the first deadline sweep (once a second) after it began,
 # not with a clock read per request: a slow client is cut within client_timeout_s plus one
 # sweep.
@@ -71,6 +72,8 @@ class ClientConnection(ClientSide):
             self.reading_since = STAMP_AT_SWEEP  # a request began in this read
         if completed and len(self.pending) > MAX_PIPELINED:
             self.transport.pause_reading()
+        if self.reader.continue_wanted and self.exchange is None and not self.pending:
+            self.send_continue()
         # Requests are answered once the reader is done with this read.
         if self.exchange is None and self.pending:
             self.next_request()
@@ -196,6 +199,14 @@ class ClientConnection(ClientSide):
         if self.pending:
             self.transport.resume_reading()
             self.next_request()
+        elif self.reader.continue_wanted:
+            self.send_continue()
+
+    def send_continue(self) -> None:
+        """The request being read asked to hear that its body is wanted before it sends it:
+        it is next in line, so it is (the router reads every body whole)."""
+        self.reader.continue_wanted = False
+        self.transport.write(CONTINUE)
 
     def refuse_and_close(self, status: int, message: str) -> None:
         if self.closed:

@@ -28,6 +28,7 @@ class RequestReader:
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
         self.mid_message = False
+        self.continue_wanted = False  # the request being read expects 100 Continue
         self.completed = 0
 
     def feed(self, data: bytes) -> int:
@@ -61,6 +62,7 @@ class RequestReader:
         self.body: list[bytes] = []
         self.body_bytes = 0
         self.mid_message = True
+        self.continue_wanted = False
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
@@ -73,6 +75,9 @@ class RequestReader:
             self.headers[name] = value
         if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
             raise RequestRefused(413, "request body is too large")
+        if name == b"expect" and value.lower() == b"100-continue":
+            # HTTP/1.0 clients cannot take an interim answer (RFC 9110, 10.1.1).
+            self.continue_wanted = self.parser.get_http_version() != "1.0"
         if name not in NOT_FORWARDED:
             self.forward.append(b"%s: %s\r\n" % (name, value))
 
@@ -92,7 +97,7 @@ class RequestReader:
         request.keep_alive = self.parser.should_keep_alive()
         self.pending.append(request)
         self.completed += 1
-        self.mid_message = False
+        self.mid_message = self.continue_wanted = False
 
 
 class ResponseReader:
@@ -101,14 +106,15 @@ class ResponseReader:
     to relay, `length_given` and `sse` what the head said); `sink.answer_body(data)` at most once
     per read, with all of the body that read brought, as the client is to get it (in chunks of
     its own when the answer has no length: each piece the replica sent becomes one chunk);
-    `sink.answer_complete(keep_alive)` at its end. `feed` raises InvalidResponse for what is not
-    HTTP."""
+    `sink.answer_complete(keep_alive)` at its end. Interim answers (1xx but 101) are read and
+    dropped. `feed` raises InvalidResponse for what is not HTTP."""
 
     def __init__(self, sink) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.sink = sink
         self.head = b""
         self.length_given = self.sse = self.headers_done = self.framed = False
+        self.interim = False
         self.body: list[bytes] = []
 
     def feed(self, data: bytes) -> int:
@@ -155,9 +161,14 @@ class ResponseReader:
         self.relayed.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # An interim answer (100 Continue, 103 Early Hints): the answer is still to come.
+            self.interim = True
+            return
         self.headers_done = True
         self.head = b"".join(self.relayed)
-        self.sink.answer_head(self.parser.get_status_code(), self.reason)
+        self.sink.answer_head(status, self.reason)
 
     def on_body(self, body: bytes) -> None:
         if self.length_given:
@@ -166,5 +177,8 @@ class ResponseReader:
             self.body.append(b"%x\r\n%s\r\n" % (len(body), body))
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self._pass_body()
         self.sink.answer_complete(self.parser.should_keep_alive())

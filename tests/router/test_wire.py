@@ -376,3 +376,34 @@ def test_any_bytes_get_the_same_answer_from_both_readers(data, cuts):
         assert read_answers(_wire.ResponseReader, *framed) == read_answers(
             wire_py.ResponseReader, *framed
         )
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+def test_a_request_that_expects_100_continue_says_so_until_its_body_is_read(reader_class):
+    pending: list = []
+    reader = reader_class(pending, MAX_HEADER_BYTES, MAX_BODY_BYTES)
+    reader.feed(b"POST / HTTP/1.1\r\nExpect: 100-Continue\r\ncontent-length: 2\r\n\r\n")
+    assert reader.continue_wanted and reader.mid_message
+    reader.feed(b"ok")
+    assert not reader.continue_wanted and pending[0].body == b"ok"
+    assert b"expect" not in pending[0].forward  # the replica never sees the expectation
+    # HTTP/1.0 cannot take an interim answer; other expectations are not 100-continue.
+    for head in (b"POST / HTTP/1.0\r\nexpect: 100-continue", b"POST / HTTP/1.1\r\nexpect: x"):
+        reader = reader_class([], MAX_HEADER_BYTES, MAX_BODY_BYTES)
+        reader.feed(head + b"\r\ncontent-length: 2\r\n\r\n")
+        assert not reader.continue_wanted
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_interim_answers_are_dropped_and_the_answer_that_follows_is_read(reader_class):
+    events, error, _, _ = read_answers(
+        reader_class,
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+    )
+    assert error is None
+    assert events == [
+        ("head", 200, b"OK", b"content-length: 2\r\n", True, False),
+        ("body", b"ok"),
+        ("complete", True),
+    ]
