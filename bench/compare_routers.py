@@ -9,7 +9,9 @@ what is measured); each proxy is pinned to its `--workers` CPUs with `taskset`, 
 the load generator (wrk if installed, else bench/loadgen.py) to the others. Contenders that are
 not installed are skipped. Keep-alive connections on both sides.
 
-- json: a tiny JSON answer per request; req/s per core of the proxy.
+- json: a tiny JSON answer per request; req/s per core of the proxy. Each row also splits the
+  proxy's CPU per answer into user and system time: what the proxy's own code costs, apart
+  from the kernel's share of moving the bytes.
 - sse: `--tokens` SSE events per answer, each written on its own; chunks/s per core.
 - streams: `--streams` streaming requests held open at once, one slow event a second; the
   proxy's resident memory per open stream (RSS after they opened minus before, over N).
@@ -93,16 +95,18 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process and its children so far."""
-    total = 0.0
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU of a process and its children so far."""
+    user = system = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
     for task in group_of(pid):
         try:
             fields = Path(f"/proc/{task}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            user += int(fields[11]) / tick
+            system += int(fields[12]) / tick
         except (OSError, IndexError):
             pass
-    return total
+    return user, system
 
 
 def load(
@@ -260,11 +264,17 @@ def cpu_split(workers: int) -> tuple[str, str]:
 
 
 def throughput(name, proc, url, args, work, other_cpus) -> tuple[dict, float]:
+    """The load's result (with the proxy's user and system CPU per answer) and the cores the
+    proxy used."""
     body = STREAM_BODY if args.mode == "sse" else BODY
     load(url, 2, args.connections, work, body, other_cpus)  # warm-up
-    before = cpu_seconds(proc.pid)
+    user, system = cpu_seconds(proc.pid)
     result = load(url, args.seconds, args.connections, work, body, other_cpus)
-    return result, (cpu_seconds(proc.pid) - before) / args.seconds
+    user_after, system_after = cpu_seconds(proc.pid)
+    answers = max(1.0, result["rps"] * args.seconds)
+    result["user_us"] = (user_after - user) * 1e6 / answers
+    result["system_us"] = (system_after - system) * 1e6 / answers
+    return result, (user_after - user + system_after - system) / args.seconds
 
 
 def memory_per_stream(proc, url, args, other_cpus) -> dict:
@@ -380,7 +390,7 @@ def print_table(rows, args) -> None:
     )
     print(
         f"{'':14} {'req/s':>9} {'cores':>6} {unit + '/core':>15} {'p50 ms':>8} {'p99 ms':>8}"
-        f" {'errors':>7}"
+        f" {'errors':>7} {'user µs':>8} {'sys µs':>7}  (CPU per answer)"
     )
     for name, r, cores in rows:
         if "error" in r:
@@ -388,9 +398,12 @@ def print_table(rows, args) -> None:
             continue
         per_core = f"{r['rps'] * per_answer / cores:15.0f}" if cores else f"{'-':>15}"
         used = f"{cores:6.2f}" if cores else f"{'-':>6}"
+        split = f" {'-':>8} {'-':>7}"
+        if "user_us" in r:
+            split = f" {r['user_us']:8.2f} {r['system_us']:7.2f}"
         print(
             f"{name:14} {r['rps']:9.0f} {used} {per_core} {r['p50_ms']:8.2f} "
-            f"{r['p99_ms']:8.2f} {r['errors']:7d}"
+            f"{r['p99_ms']:8.2f} {r['errors']:7d}{split}"
         )
 
 
