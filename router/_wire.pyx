@@ -6,7 +6,8 @@ header, on either side.
   reads (a dict of lower-case names), the header lines that go on to the replica (lower-case
   names, hop-by-hop ones dropped) as one bytes object, and the body.
 - A replica's answer is told to its connection in three calls at most per read: its head (the
-  lines to relay as one bytes object), its body pieces, its end.
+  lines to relay as one bytes object), the body that read brought (one bytes object, framed
+  as the client gets it), its end.
 
 llhttp is the parser httptools wraps; it is built into this extension from the pinned source
 setup.py fetches. `router.wire_py` has the same readers on httptools, for
@@ -99,7 +100,7 @@ cdef int known_count = 0
 cdef int content_length_index = -1
 cdef int expect_index = -1
 cdef tuple known_objects  # the same names as bytes objects: the keys of Request.headers
-cdef list method_names = [None] * 64  # bytes per llhttp method number, made on first use
+cdef list method_names = [None] * 256  # bytes per llhttp method number (a byte), made on first use
 cdef llhttp_settings_t request_settings
 cdef llhttp_settings_t response_settings
 cdef const char* HEX_DIGITS = b"0123456789abcdef"

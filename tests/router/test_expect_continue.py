@@ -11,11 +11,13 @@ pytestmark = pytest.mark.integration
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 2}'
 
 
+def connect_to_a_router(procs) -> socket.socket:
+    router, _ = procs.router(f"--backend=m={procs.engine('m')}")
+    return socket.create_connection(("127.0.0.1", int(router.rsplit(":", 1)[1])), timeout=10)
+
+
 def test_a_client_that_expects_100_continue_gets_it_then_its_answer(procs):
-    engine = procs.engine("m")
-    router, _ = procs.router(f"--backend=m={engine}")
-    port = int(router.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+    with connect_to_a_router(procs) as sock:
         sock.sendall(
             b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % len(BODY)
@@ -37,10 +39,7 @@ def test_a_client_that_expects_100_continue_gets_it_then_its_answer(procs):
 def test_an_interim_answer_from_the_replica_is_not_taken_for_the_answer(procs):
     """A client that sent its body without waiting: the replica's own 100 Continue, had the
     expectation reached it, would not be relayed as the answer."""
-    engine = procs.engine("m")
-    router, _ = procs.router(f"--backend=m={engine}")
-    port = int(router.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+    with connect_to_a_router(procs) as sock:
         sock.sendall(
             b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
             b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY)

@@ -169,27 +169,33 @@ requests = st.lists(
 )
 
 
+def framed_body(lines: list[bytes], body: bytes | None, chunked: bool) -> bytes:
+    """The head's lines and the body after them, framed by length or in one chunk."""
+    framed = b""
+    if body is not None and chunked:
+        lines.append(b"Transfer-Encoding: chunked")
+        framed = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+    elif body is not None:
+        lines.append(b"Content-Length: %d" % len(body))
+        framed = body
+    return b"\r\n".join(lines) + b"\r\n\r\n" + framed
+
+
 def encode(method, path, headers, body, chunked) -> bytes:
     lines = [b"%s %s HTTP/1.1" % (method, path)]
     lines += [b"%s: %s" % (n.encode(), v.encode()) for n, v in headers]
-    if body is not None:
-        if chunked:
-            lines.append(b"Transfer-Encoding: chunked")
-            framed = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
-        else:
-            lines.append(b"Content-Length: %d" % len(body))
-            framed = body
-    else:
-        framed = b""
-    return b"\r\n".join(lines) + b"\r\n\r\n" + framed
+    return framed_body(lines, body, chunked)
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(c, len(data)) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
 
 
 @settings(max_examples=300, deadline=None)
 @given(requests, st.lists(st.integers(0, 400), max_size=4))
 def test_the_reader_and_its_twin_agree(batch, cuts):
-    data = b"".join(encode(*request) for request in batch)
-    points = sorted({min(c, len(data)) for c in cuts})
-    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    pieces = split(b"".join(encode(*request) for request in batch), cuts)
     assert read(_wire.RequestReader, *pieces) == read(wire_py.RequestReader, *pieces)
 
 
@@ -344,21 +350,13 @@ answers = st.lists(
 def encode_answer(status, headers, body, chunked) -> bytes:
     lines = [b"HTTP/1.1 %d Reason" % status]
     lines += [b"%s: %s" % (n.encode(), v.encode()) for n, v in headers]
-    if chunked:
-        lines.append(b"Transfer-Encoding: chunked")
-        framed = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
-    else:
-        lines.append(b"Content-Length: %d" % len(body))
-        framed = body
-    return b"\r\n".join(lines) + b"\r\n\r\n" + framed
+    return framed_body(lines, body, chunked)
 
 
 @settings(max_examples=300, deadline=None)
 @given(answers, st.lists(st.integers(0, 400), max_size=4))
 def test_the_response_reader_and_its_twin_agree(batch, cuts):
-    data = b"".join(encode_answer(*answer) for answer in batch)
-    points = sorted({min(c, len(data)) for c in cuts})
-    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    pieces = split(b"".join(encode_answer(*answer) for answer in batch), cuts)
     assert read_answers(_wire.ResponseReader, *pieces) == read_answers(
         wire_py.ResponseReader, *pieces
     )
@@ -368,8 +366,7 @@ def test_the_response_reader_and_its_twin_agree(batch, cuts):
 @given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=3))
 def test_any_bytes_get_the_same_answer_from_both_readers(data, cuts):
     """Garbage, truncations and near-misses: the C readers neither crash nor differ."""
-    points = sorted({min(c, len(data)) for c in cuts})
-    pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    pieces = split(data, cuts)
     for prefix in (b"", b"POST /v1/x HTTP/1.1\r\n", b"HTTP/1.1 200 OK\r\n"):
         framed = [prefix + pieces[0], *pieces[1:]]
         assert read(_wire.RequestReader, *framed) == read(wire_py.RequestReader, *framed)
