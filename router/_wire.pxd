@@ -14,6 +14,8 @@ cdef class Request:
     cdef readonly bytes body
     cdef readonly bint keep_alive
 
+    cpdef bytes upstream(self, bytes path_prefix, bytes host, bytes forward, bytes peer, bytes request_id)
+
 
 cdef class RequestReader:
     cdef void* parser  # an llhttp_t, opaque here: modules that cimport this need no llhttp.h

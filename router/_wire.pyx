@@ -213,6 +213,78 @@ cdef class Request:
     def __repr__(self):
         return f"Request({self.method!r}, {self.url!r})"
 
+    cpdef bytes upstream(
+        self, bytes path_prefix, bytes host, bytes forward, bytes peer, bytes request_id
+    ):
+        """The request as it goes to a replica, in one bytes object: `forward`'s header lines,
+        then Host, X-Forwarded-For (the client's, extended with `peer`), X-Request-Id and the
+        body's length written by the router."""
+        cdef char length[24]
+        if (
+            path_prefix is None or host is None or forward is None or peer is None
+            or request_id is None or self.method is None or self.url is None or self.body is None
+        ):
+            raise TypeError("every piece of a forwarded request is bytes")
+        cdef bytes forwarded_for = self.headers.get(b"x-forwarded-for")
+        cdef Py_ssize_t length_size = decimal(length, PyBytes_GET_SIZE(self.body))
+        cdef Py_ssize_t size = (
+            PyBytes_GET_SIZE(self.method) + 1 + PyBytes_GET_SIZE(path_prefix)
+            + PyBytes_GET_SIZE(self.url) + 17 + PyBytes_GET_SIZE(host) + 2
+            + PyBytes_GET_SIZE(forward) + 17 + PyBytes_GET_SIZE(peer) + 16
+            + PyBytes_GET_SIZE(request_id) + 18 + length_size + 4 + PyBytes_GET_SIZE(self.body)
+        )
+        if forwarded_for is not None:
+            size += PyBytes_GET_SIZE(forwarded_for) + 2
+        data = PyBytes_FromStringAndSize(NULL, size)
+        cdef char* at = PyBytes_AS_STRING(data)
+        at = put(at, self.method)
+        at = put_c(at, b" ", 1)
+        at = put(at, path_prefix)
+        at = put(at, self.url)
+        at = put_c(at, b" HTTP/1.1\r\nhost: ", 17)
+        at = put(at, host)
+        at = put_c(at, b"\r\n", 2)
+        at = put(at, forward)
+        at = put_c(at, b"x-forwarded-for: ", 17)
+        if forwarded_for is not None:
+            at = put(at, forwarded_for)
+            at = put_c(at, b", ", 2)
+        at = put(at, peer)
+        at = put_c(at, b"\r\nx-request-id: ", 16)
+        at = put(at, request_id)
+        at = put_c(at, b"\r\ncontent-length: ", 18)
+        at = put_c(at, length, length_size)
+        at = put_c(at, b"\r\n\r\n", 4)
+        put(at, self.body)
+        return data
+
+
+cdef inline char* put(char* at, bytes piece) noexcept:
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(piece)
+    memcpy(at, PyBytes_AS_STRING(piece), size)
+    return at + size
+
+
+cdef inline char* put_c(char* at, const char* piece, Py_ssize_t size) noexcept:
+    memcpy(at, piece, size)
+    return at + size
+
+
+cdef Py_ssize_t decimal(char* out, Py_ssize_t value) noexcept:
+    """`value` (not negative) in decimal digits at `out`; returns how many."""
+    cdef char digits[24]
+    cdef Py_ssize_t count = 0
+    cdef Py_ssize_t at
+    while True:
+        digits[count] = 48 + value % 10
+        count += 1
+        value //= 10
+        if value == 0:
+            break
+    for at in range(count):
+        out[at] = digits[count - 1 - at]
+    return count
+
 
 cdef class RequestReader:
     """Reads the requests of one client connection; each one read whole is appended to

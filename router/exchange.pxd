@@ -33,11 +33,7 @@ cdef class Exchange(ResponseListener):
     cdef public str label
     cdef public ModelStats stats
     cdef public bint ask_each_replica
-    cdef public bytes method
-    cdef public bytes url
-    cdef public bytes forward
-    cdef public dict headers
-    cdef public bytes body
+    cdef public _wire.Request request
     cdef public bytes request_id
     cdef public double started
     cdef public list outgoing

@@ -95,7 +95,7 @@ class ClientSide:
 class Exchange(ResponseListener):
     """Attributes and the C-level methods are typed in exchange.pxd."""
 
-    def __init__(self, client, target, method, url, forward, headers, body, request_id, key=0):
+    def __init__(self, client, target, request, request_id, key=0):
         self.client = client
         self.ctx = ctx = client.ctx
         self.model = self.routed_model = model = target[0]
@@ -103,11 +103,7 @@ class Exchange(ResponseListener):
         self.label = label = model if model in ctx.routed_models else OTHER_MODEL
         self.stats = ctx.metrics.models.get(label) or ctx.metrics.model(label)
         self.ask_each_replica = target[1]
-        self.method = method
-        self.url = url
-        self.forward = forward  # the header lines that go on, each "name: value\r\n"
-        self.headers = headers
-        self.body = body
+        self.request = request  # as the client sent it (router.wire.Request)
         self.request_id = request_id
         self.started = ctx.clock()
         self.outgoing: list[bytes] = []
@@ -208,7 +204,7 @@ class Exchange(ResponseListener):
 
     @property
     def path(self) -> str:
-        return self.url.split(b"?", 1)[0].decode(errors="replace")
+        return self.request.url.split(b"?", 1)[0].decode(errors="replace")
 
     def _connect(self) -> None:
         self._move(CONNECT)
@@ -244,8 +240,9 @@ class Exchange(ResponseListener):
 
     def request_bytes(self, pool: UpstreamPool) -> bytes:
         """The request as it goes to the replica: hop-by-hop headers dropped, proxy ones added."""
-        forward = self.forward
-        connection = self.headers.get(b"connection")
+        request = self.request
+        forward = request.forward
+        connection = request.headers.get(b"connection")
         if connection and connection.lower() not in CONNECTION_WITHOUT_NAMES:
             # Headers the client's Connection header names are hop-by-hop too.
             named = {t.strip().lower() for t in connection.split(b",")}
@@ -256,27 +253,8 @@ class Exchange(ResponseListener):
                     if line.partition(b":")[0] not in named
                 ]
             )
-        forwarded = self.headers.get(b"x-forwarded-for")
-        peer = self.client.peer
-        return b"".join(
-            (
-                self.method,
-                b" ",
-                pool.path_prefix,
-                self.url,
-                b" HTTP/1.1\r\nhost: ",
-                pool.host_header,
-                b"\r\n",
-                forward,
-                b"x-forwarded-for: ",
-                forwarded + b", " + peer if forwarded else peer,
-                b"\r\nx-request-id: ",
-                self.request_id,
-                b"\r\ncontent-length: ",
-                str(len(self.body)).encode(),
-                b"\r\n\r\n",
-                self.body,
-            )
+        return request.upstream(
+            pool.path_prefix, pool.host_header, forward, self.client.peer, self.request_id
         )
 
     def _lost_before_answer(self, reused: bool) -> None:

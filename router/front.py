@@ -124,9 +124,7 @@ class ClientConnection(ClientSide):
             key = 0
             if mode != OFF:
                 key = affinity.affinity_key(routed[2], headers, mode, ctx.affinity_prefix_chars)
-            self.exchange = exchange = Exchange(
-                self, routed, method, url, request.forward, headers, body, request_id, key
-            )
+            self.exchange = exchange = Exchange(self, routed, request, request_id, key)
             ctx.metrics.in_flight += 1
             exchange.start()
             return

@@ -17,6 +17,34 @@ class Request:
     def __repr__(self) -> str:
         return f"Request({self.method!r}, {self.url!r})"
 
+    def upstream(
+        self, path_prefix: bytes, host: bytes, forward: bytes, peer: bytes, request_id: bytes
+    ) -> bytes:
+        """The request as it goes to a replica, in one bytes object: `forward`'s header lines,
+        then Host, X-Forwarded-For (the client's, extended with `peer`), X-Request-Id and the
+        body's length written by the router."""
+        forwarded_for = self.headers.get(b"x-forwarded-for")
+        return b"".join(
+            (
+                self.method,
+                b" ",
+                path_prefix,
+                self.url,
+                b" HTTP/1.1\r\nhost: ",
+                host,
+                b"\r\n",
+                forward,
+                b"x-forwarded-for: ",
+                forwarded_for + b", " + peer if forwarded_for else peer,
+                b"\r\nx-request-id: ",
+                request_id,
+                b"\r\ncontent-length: ",
+                str(len(self.body)).encode(),
+                b"\r\n\r\n",
+                self.body,
+            )
+        )
+
 
 class RequestReader:
     """Reads the requests of one client connection; each one read whole is appended to

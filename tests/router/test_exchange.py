@@ -277,8 +277,8 @@ def test_a_bug_on_the_way_still_answers_the_client_and_frees_the_slot():
         rig = Rig()
         exchange = rig.send()
         await settle()
-        # Lines that are not bytes: building the request for the retry raises, as a bug would.
-        exchange.forward = None
+        # No peer address: building the request for the retry raises, as a bug would.
+        exchange.client.peer = None
         exchange.upstream.connection_lost(None)  # the retry path now hits the bug
         await settle()
         assert exchange.stage is DONE and rig.status() == 502

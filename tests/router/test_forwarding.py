@@ -26,16 +26,7 @@ def forwarded(header_list, body=b'{"model":"m"}', peer=b"127.0.0.9", request_id=
         front.reader.feed(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n%s\r\n%s" % (raw, framed))
         request = front.pending[0]
         front.peer = peer
-        exchange = Exchange(
-            front,
-            ("m", False),
-            request.method,
-            request.url,
-            request.forward,
-            request.headers,
-            request.body,
-            request_id,
-        )
+        exchange = Exchange(front, ("m", False), request, request_id)
         pool = UpstreamPool("http://127.0.0.1:9000/base", connect_timeout=1)
         head, _, sent_body = exchange.request_bytes(pool).partition(b"\r\n\r\n")
         lines = head.split(b"\r\n")

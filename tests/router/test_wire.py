@@ -404,3 +404,27 @@ def test_interim_answers_are_dropped_and_the_answer_that_follows_is_read(reader_
         ("body", b"ok"),
         ("complete", True),
     ]
+
+
+def test_both_requests_build_the_same_upstream_request():
+    data = (
+        b"POST /v1/x?y=1 HTTP/1.1\r\nX-Forwarded-For: 10.0.0.1\r\nA: b\r\n"
+        b"content-length: 3\r\n\r\nabc"
+        b"GET /v1/y HTTP/1.1\r\n\r\n"
+    )
+    built = []
+    for reader_class in READERS:
+        pending: list = []
+        reader_class(pending, MAX_HEADER_BYTES, MAX_BODY_BYTES).feed(data)
+        built.append(
+            [r.upstream(b"/base", b"h:1", r.forward, b"127.0.0.9", b"rid") for r in pending]
+        )
+    assert built[0] == built[1] == [
+        b"POST /base/v1/x?y=1 HTTP/1.1\r\nhost: h:1\r\na: b\r\n"
+        b"x-forwarded-for: 10.0.0.1, 127.0.0.9\r\nx-request-id: rid\r\n"
+        b"content-length: 3\r\n\r\nabc",
+        b"GET /base/v1/y HTTP/1.1\r\nhost: h:1\r\nx-forwarded-for: 127.0.0.9\r\n"
+        b"x-request-id: rid\r\ncontent-length: 0\r\n\r\n",
+    ]
+    with pytest.raises(TypeError):
+        pending[0].upstream(b"", b"h", b"", b"p", None)
