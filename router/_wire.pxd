@@ -37,14 +37,15 @@ cdef class RequestReader:
 
 cdef class ResponseReader:
     cdef void* parser
-    cdef Buffer reason, name, value, relayed, body
+    cdef Buffer reason_, name, value, relayed, body
     cdef object answer_head, answer_body, answer_complete
-    cdef readonly bytes head
+    cdef readonly int status
     cdef readonly bint length_given, sse, headers_done, framed
     cdef bint interim
     cdef object failure
 
     cpdef int feed(self, bytes data) except -1
+    cpdef bytes client_head(self, bytes request_id, bint close)
     cdef int pass_body(self) except -1
     cdef int keep_body(self, const char* at, Py_ssize_t size) noexcept
     cdef int take_header(self) noexcept

@@ -18,7 +18,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcmp, memcpy
 
-from router.errors import InvalidResponse, RequestRefused
+from router.errors import REASONS, InvalidResponse, RequestRefused
 from router.forwarding import NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
 
 
@@ -407,12 +407,60 @@ cdef class RequestReader:
 
 cdef class ResponseReader:
     """Reads the answers of one replica connection and tells `sink` of each:
-    `sink.answer_head(status, reason)` once the head is read (`head` then holds the header lines
-    to relay, `length_given` and `sse` what the head said); `sink.answer_body(data)` at most once
+    `sink.answer_head(status)` once the head is read (`client_head()` then gives the head the
+    client is to get, `length_given` and `sse` say what the head said); `sink.answer_body(data)`
+    at most once
     per read, with all of the body that read brought, as the client is to get it (in chunks of
     its own when the answer has no length: each piece the replica sent becomes one chunk);
     `sink.answer_complete(keep_alive)` at its end. Interim answers (1xx but 101) are read and
     dropped. `feed` raises InvalidResponse for what is not HTTP."""
+
+    @property
+    def head(self):
+        """The header lines of the answer to relay, as the client gets them."""
+        return PyBytes_FromStringAndSize(self.relayed.data, self.relayed.size)
+
+    @property
+    def reason(self):
+        return PyBytes_FromStringAndSize(self.reason_.data, self.reason_.size)
+
+    cpdef bytes client_head(self, bytes request_id, bint close):
+        """The head the client gets, in one bytes object: the replica's status line (its reason,
+        or the usual one), the relayed lines, chunked framing when the answer has no length,
+        `connection: close` when the client's connection ends with it, the request id."""
+        cdef char status[8]
+        cdef Py_ssize_t status_size = decimal(status, self.status)
+        cdef bytes usual_reason = None
+        cdef Py_ssize_t reason_size = self.reason_.size
+        if request_id is None:
+            raise TypeError("the request id is bytes")
+        if reason_size == 0:
+            usual_reason = REASONS.get(self.status, b"")
+            reason_size = PyBytes_GET_SIZE(usual_reason)
+        cdef Py_ssize_t size = (
+            9 + status_size + 1 + reason_size + 2 + self.relayed.size
+            + (0 if self.length_given else 28) + (19 if close else 0)
+            + 14 + PyBytes_GET_SIZE(request_id) + 4
+        )
+        data = PyBytes_FromStringAndSize(NULL, size)
+        cdef char* at = PyBytes_AS_STRING(data)
+        at = put_c(at, b"HTTP/1.1 ", 9)
+        at = put_c(at, status, status_size)
+        at = put_c(at, b" ", 1)
+        if usual_reason is not None:
+            at = put(at, usual_reason)
+        else:
+            at = put_c(at, self.reason_.data, reason_size)
+        at = put_c(at, b"\r\n", 2)
+        at = put_c(at, self.relayed.data, self.relayed.size)
+        if not self.length_given:
+            at = put_c(at, b"transfer-encoding: chunked\r\n", 28)
+        if close:
+            at = put_c(at, b"connection: close\r\n", 19)
+        at = put_c(at, b"x-request-id: ", 14)
+        at = put(at, request_id)
+        put_c(at, b"\r\n\r\n", 4)
+        return data
 
     def __cinit__(self):
         cdef llhttp_t* parser = <llhttp_t*>calloc(1, sizeof(llhttp_t))
@@ -426,11 +474,10 @@ cdef class ResponseReader:
         self.answer_head = sink.answer_head
         self.answer_body = sink.answer_body
         self.answer_complete = sink.answer_complete
-        self.head = b""
 
     def __dealloc__(self):
         free(self.parser)
-        free(self.reason.data)
+        free(self.reason_.data)
         free(self.name.data)
         free(self.value.data)
         free(self.relayed.data)
@@ -580,14 +627,14 @@ cdef int on_message_complete(llhttp_t* parser) noexcept:
 
 cdef int answer_begins(llhttp_t* parser) noexcept:
     cdef ResponseReader reader = <ResponseReader>parser.data
-    reader.reason.size = reader.name.size = reader.value.size = 0
+    reader.reason_.size = reader.name.size = reader.value.size = 0
     buffer_reset(&reader.relayed)
     reader.length_given = reader.sse = reader.headers_done = reader.framed = False
     return 0
 
 
 cdef int answer_reason(llhttp_t* parser, const char* at, size_t size) noexcept:
-    return buffer_add(&(<ResponseReader>parser.data).reason, at, size)
+    return buffer_add(&(<ResponseReader>parser.data).reason_, at, size)
 
 
 cdef int answer_header_name(llhttp_t* parser, const char* at, size_t size) noexcept:
@@ -610,10 +657,8 @@ cdef int answer_head_done(llhttp_t* parser) noexcept:
         return 0
     try:
         reader.headers_done = True
-        reader.head = PyBytes_FromStringAndSize(reader.relayed.data, reader.relayed.size)
-        reader.answer_head(
-            parser.status_code, PyBytes_FromStringAndSize(reader.reason.data, reader.reason.size)
-        )
+        reader.status = parser.status_code
+        reader.answer_head(reader.status)
     except BaseException as exc:
         reader.failure = exc
         return -1

@@ -6,9 +6,6 @@ from router.metrics cimport ModelStats
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
 
 
-cpdef bytes status_line(int status, bytes reason)
-
-
 cdef class Exchange
 
 
@@ -67,7 +64,7 @@ cdef class Exchange(ResponseListener):
     cpdef void _finish(self, int status, bint failed=*, tuple error=*, bytes extra=*) except *
     cdef void _broke(self, object exc)
     cpdef void flush(self) except *
-    cpdef void upstream_headers(self, int status, bytes reason, _wire.ResponseReader head) except *
+    cpdef void upstream_headers(self, int status, _wire.ResponseReader head) except *
     cpdef void upstream_body(self, bytes data) except *
     cpdef void upstream_complete(self, bint reusable) except *
     cpdef void upstream_lost(self, str reason, bint reused) except *

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from enum import IntEnum
 
-from router.errors import REASONS, error_body, sse_error_event
+from router.errors import error_body, sse_error_event
 from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
@@ -59,19 +59,6 @@ _ALLOWED = _moves(MOVES)
 # reading the clock for every chunk: a replica that stops sending is caught within
 # idle_timeout_s plus one sweep.
 RENEW_AT_SWEEP = -1.0
-
-_STATUS_LINES: dict[int, tuple[bytes, bytes]] = {}  # status -> (reason, line) last sent
-
-
-def status_line(status: int, reason: bytes) -> bytes:
-    """The answer's first line; replicas send the same reason for a status every time."""
-    known = _STATUS_LINES.get(status)
-    if known is not None and known[0] == reason:
-        return known[1]
-    line = b"HTTP/1.1 %d %s\r\n" % (status, reason or REASONS.get(status, b""))
-    _STATUS_LINES[status] = (reason, line)  # one entry per status code: a bounded table
-    return line
-
 
 class LifecycleError(RuntimeError):
     pass
@@ -360,7 +347,7 @@ class Exchange(ResponseListener):
                 self.client.transport.write(b"".join(self.outgoing))
             self.outgoing.clear()
 
-    def upstream_headers(self, status: int, reason: bytes, head) -> None:
+    def upstream_headers(self, status: int, head) -> None:
         try:
             if self.stage is not SEND:
                 return
@@ -375,18 +362,9 @@ class Exchange(ResponseListener):
             self.status = status
             self.deadline = RENEW_AT_SWEEP
             self.sse = head.sse
-            self.chunked = chunked = not head.length_given
-            # The head's pieces join the body's in `outgoing`: one join for the whole read.
-            outgoing = self.outgoing
-            outgoing.append(status_line(status, reason))
-            outgoing.append(head.head)
-            if chunked:
-                outgoing.append(b"transfer-encoding: chunked\r\n")
-            if not self.client.keep_alive:
-                outgoing.append(b"connection: close\r\n")
-            outgoing.append(b"x-request-id: ")
-            outgoing.append(self.request_id)
-            outgoing.append(b"\r\n\r\n")
+            self.chunked = not head.length_given
+            # Joined with the body in `flush`: one write for the whole read.
+            self.outgoing.append(head.client_head(self.request_id, not self.client.keep_alive))
         except Exception as exc:
             self._broke(exc)
 

@@ -8,7 +8,7 @@ cdef class UpstreamPool
 
 
 cdef class ResponseListener:
-    cpdef void upstream_headers(self, int status, bytes reason, _wire.ResponseReader head) except *
+    cpdef void upstream_headers(self, int status, _wire.ResponseReader head) except *
     cpdef void upstream_body(self, bytes data) except *
     cpdef void upstream_complete(self, bint reusable) except *
     cpdef void upstream_lost(self, str reason, bint reused) except *

@@ -19,8 +19,8 @@ class ResponseListener:
     """What an upstream connection reports to (an `Exchange`). A base class rather than a
     protocol so that, compiled, these calls are C calls."""
 
-    def upstream_headers(self, status: int, reason: bytes, head: ResponseReader) -> None:
-        """`head.head`: the header lines to pass on; `head.length_given`, `head.sse`."""
+    def upstream_headers(self, status: int, head: ResponseReader) -> None:
+        """`head.client_head(...)`: the head to pass on; `head.length_given`, `head.sse`."""
         raise NotImplementedError
 
     def upstream_body(self, data: bytes) -> None:
@@ -79,9 +79,9 @@ class UpstreamConnection:
 
     # what the reader tells
 
-    def answer_head(self, status: int, reason: bytes) -> None:
+    def answer_head(self, status: int) -> None:
         if self.listener is not None:
-            self.listener.upstream_headers(status, reason, self.reader)
+            self.listener.upstream_headers(status, self.reader)
 
     def answer_body(self, data: bytes) -> None:
         if self.listener is not None:

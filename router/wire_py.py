@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httptools
 
-from router.errors import InvalidResponse, RequestRefused
+from router.errors import REASONS, InvalidResponse, RequestRefused
 from router.forwarding import NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
 
 
@@ -130,8 +130,9 @@ class RequestReader:
 
 class ResponseReader:
     """Reads the answers of one replica connection and tells `sink` of each:
-    `sink.answer_head(status, reason)` once the head is read (`head` then holds the header lines
-    to relay, `length_given` and `sse` what the head said); `sink.answer_body(data)` at most once
+    `sink.answer_head(status)` once the head is read (`client_head()` then gives the head the
+    client is to get, `length_given` and `sse` say what the head said); `sink.answer_body(data)`
+    at most once
     per read, with all of the body that read brought, as the client is to get it (in chunks of
     its own when the answer has no length: each piece the replica sent becomes one chunk);
     `sink.answer_complete(keep_alive)` at its end. Interim answers (1xx but 101) are read and
@@ -140,10 +141,28 @@ class ResponseReader:
     def __init__(self, sink) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.sink = sink
-        self.head = b""
+        self.head = self.reason = b""
+        self.status = 0
         self.length_given = self.sse = self.headers_done = self.framed = False
         self.interim = False
         self.body: list[bytes] = []
+
+    def client_head(self, request_id: bytes, close: bool) -> bytes:
+        """The head the client gets, in one bytes object: the replica's status line (its reason,
+        or the usual one), the relayed lines, chunked framing when the answer has no length,
+        `connection: close` when the client's connection ends with it, the request id."""
+        reason = self.reason or REASONS.get(self.status, b"")
+        return b"".join(
+            (
+                b"HTTP/1.1 %d %s\r\n" % (self.status, reason),
+                self.head,
+                b"" if self.length_given else b"transfer-encoding: chunked\r\n",
+                b"connection: close\r\n" if close else b"",
+                b"x-request-id: ",
+                request_id,
+                b"\r\n\r\n",
+            )
+        )
 
     def feed(self, data: bytes) -> int:
         try:
@@ -195,8 +214,9 @@ class ResponseReader:
             self.interim = True
             return
         self.headers_done = True
+        self.status = status
         self.head = b"".join(self.relayed)
-        self.sink.answer_head(status, self.reason)
+        self.sink.answer_head(status)
 
     def on_body(self, body: bytes) -> None:
         if self.length_given:

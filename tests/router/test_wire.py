@@ -220,9 +220,10 @@ class Sink:
         self.reader = None
         self.reads_with_body = 0
 
-    def answer_head(self, status, reason):
+    def answer_head(self, status):
         head = self.reader
-        self.events.append(("head", status, reason, head.head, head.length_given, head.sse))
+        self.events.append(("head", status, head.reason, head.head, head.length_given, head.sse))
+        self.events.append(("client head", head.client_head(b"rid", close=status >= 500)))
 
     def answer_body(self, data):
         self.reads_with_body += 1
@@ -274,12 +275,34 @@ def test_an_answer_head_keeps_what_is_relayed_and_says_how_it_is_framed(reader_c
             False,
             True,
         ),
+        (
+            "client head",
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+            b"Server: engine\r\ntransfer-encoding: chunked\r\nx-request-id: rid\r\n\r\n",
+        ),
         ("body", b"data: 1\n"),
         ("complete", True),
         ("head", 404, b"Not Found", b"content-length: 2\r\n", True, False),
+        (
+            "client head",
+            b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nx-request-id: rid\r\n\r\n",
+        ),
         ("body", b"no"),
         ("complete", True),
     ]
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_a_client_head_without_a_reason_gets_the_usual_one_and_can_close(reader_class):
+    events, error, _, _ = read_answers(
+        reader_class, b"HTTP/1.1 503 \r\ncontent-length: 0\r\nretry-after: 1\r\n\r\n"
+    )
+    assert error is None
+    assert events[1] == (
+        "client head",
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nretry-after: 1\r\n"
+        b"connection: close\r\nx-request-id: rid\r\n\r\n",
+    )
 
 
 @pytest.mark.parametrize("reader_class", RESPONSE_READERS)
@@ -401,6 +424,7 @@ def test_interim_answers_are_dropped_and_the_answer_that_follows_is_read(reader_
     assert error is None
     assert events == [
         ("head", 200, b"OK", b"content-length: 2\r\n", True, False),
+        ("client head", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-request-id: rid\r\n\r\n"),
         ("body", b"ok"),
         ("complete", True),
     ]
