@@ -81,6 +81,20 @@ cdef int buffer_add(Buffer* buffer, const char* at, Py_ssize_t size) noexcept:
     return 0
 
 
+cdef int buffer_add_line(
+    Buffer* buffer, const char* name, Py_ssize_t name_size, const char* value, Py_ssize_t size
+) noexcept:
+    """A header line, "name: value\\r\\n"."""
+    if (
+        buffer_add(buffer, name, name_size)
+        or buffer_add(buffer, b": ", 2)
+        or buffer_add(buffer, value, size)
+        or buffer_add(buffer, b"\r\n", 2)
+    ):
+        return -1
+    return 0
+
+
 cdef void buffer_reset(Buffer* buffer) noexcept:
     buffer.size = 0
     if buffer.capacity > 65536:  # a large body's room is not kept for the next request
@@ -113,6 +127,7 @@ cdef int answer_count = 0
 cdef int answer_content_length = -1
 cdef int answer_transfer_encoding = -1
 cdef int answer_content_type = -1
+cdef tuple answer_objects
 
 
 cdef void learn_names():
@@ -143,24 +158,24 @@ cdef void learn_names():
     answer_content_type = answer_objects.index(b"content-type")
 
 
-cdef tuple answer_objects
+cdef bint same_lower(const char* text, const char* lower, Py_ssize_t size) noexcept:
+    """Whether `text` is `lower` in any case (ASCII)."""
+    cdef Py_ssize_t at
+    cdef char c
+    for at in range(size):
+        c = text[at]
+        if 65 <= c <= 90:
+            c += 32
+        if c != lower[at]:
+            return False
+    return True
 
 
 cdef int answer_index(const char* name, Py_ssize_t size) noexcept:
     """The answer header `name` (any case) in answer_names, or -1."""
     cdef int index
-    cdef Py_ssize_t at
-    cdef char c
     for index in range(answer_count):
-        if answer_sizes[index] != size:
-            continue
-        for at in range(size):
-            c = name[at]
-            if 65 <= c <= 90:
-                c += 32
-            if c != answer_names[index][at]:
-                break
-        else:
+        if answer_sizes[index] == size and same_lower(name, answer_names[index], size):
             return index
     return -1
 
@@ -171,21 +186,6 @@ cdef int known_index(const char* name, Py_ssize_t size) noexcept:
         if known_sizes[index] == size and memcmp(known_names[index], name, size) == 0:
             return index
     return -1
-
-
-cdef bint is_100_continue(const char* value, Py_ssize_t size) noexcept:
-    cdef const char* wanted = b"100-continue"
-    cdef Py_ssize_t at
-    cdef char c
-    if size != 12:
-        return False
-    for at in range(12):
-        c = value[at]
-        if 65 <= c <= 90:
-            c += 32
-        if c != wanted[at]:
-            return False
-    return True
 
 
 cdef bint more_than(const char* digits, Py_ssize_t size, Py_ssize_t limit) noexcept:
@@ -226,13 +226,15 @@ cdef class Request:
         ):
             raise TypeError("every piece of a forwarded request is bytes")
         cdef bytes forwarded_for = self.headers.get(b"x-forwarded-for")
-        cdef Py_ssize_t length_size = decimal(length, PyBytes_GET_SIZE(self.body))
+        cdef Py_ssize_t length_size = digits_of(length, PyBytes_GET_SIZE(self.body), 10)
         cdef Py_ssize_t size = (
             PyBytes_GET_SIZE(self.method) + 1 + PyBytes_GET_SIZE(path_prefix)
             + PyBytes_GET_SIZE(self.url) + 17 + PyBytes_GET_SIZE(host) + 2
             + PyBytes_GET_SIZE(forward) + 17 + PyBytes_GET_SIZE(peer) + 16
             + PyBytes_GET_SIZE(request_id) + 18 + length_size + 4 + PyBytes_GET_SIZE(self.body)
         )
+        if forwarded_for is not None and PyBytes_GET_SIZE(forwarded_for) == 0:
+            forwarded_for = None  # an empty one: the peer alone
         if forwarded_for is not None:
             size += PyBytes_GET_SIZE(forwarded_for) + 2
         data = PyBytes_FromStringAndSize(NULL, size)
@@ -270,19 +272,20 @@ cdef inline char* put_c(char* at, const char* piece, Py_ssize_t size) noexcept:
     return at + size
 
 
-cdef Py_ssize_t decimal(char* out, Py_ssize_t value) noexcept:
-    """`value` (not negative) in decimal digits at `out`; returns how many."""
-    cdef char digits[24]
+cdef Py_ssize_t digits_of(char* out, Py_ssize_t value, int base) noexcept:
+    """`value` (not negative) in `base` (10 or 16, lower-case) at `out`; returns how many
+    digits."""
+    cdef char reversed_digits[24]
     cdef Py_ssize_t count = 0
     cdef Py_ssize_t at
     while True:
-        digits[count] = 48 + value % 10
+        reversed_digits[count] = HEX_DIGITS[value % base]
         count += 1
-        value //= 10
+        value //= base
         if value == 0:
             break
     for at in range(count):
-        out[at] = digits[count - 1 - at]
+        out[at] = reversed_digits[count - 1 - at]
     return count
 
 
@@ -368,20 +371,16 @@ cdef class RequestReader:
             ):
                 self.refuse(413, "request body is too large")
                 return 1
-            if index == expect_index and is_100_continue(value.data, value.size):
+            if index == expect_index and value.size == 12 and same_lower(
+                value.data, b"100-continue", 12
+            ):
                 parser = <llhttp_t*>self.parser
                 # HTTP/1.0 clients cannot take an interim answer (RFC 9110, 10.1.1).
                 self.continue_wanted = parser.http_major > 1 or parser.http_minor >= 1
             if known_dropped[index]:
                 name.size = value.size = 0
                 return 0
-        # The line as the replica will get it: "name: value\r\n".
-        if (
-            buffer_add(&self.forward, name.data, name.size)
-            or buffer_add(&self.forward, b": ", 2)
-            or buffer_add(&self.forward, value.data, value.size)
-            or buffer_add(&self.forward, b"\r\n", 2)
-        ):
+        if buffer_add_line(&self.forward, name.data, name.size, value.data, value.size):
             self.refuse(503, "the router is out of memory")
             return 1
         name.size = value.size = 0
@@ -409,9 +408,9 @@ cdef class ResponseReader:
     """Reads the answers of one replica connection and tells `sink` of each:
     `sink.answer_head(status)` once the head is read (`client_head()` then gives the head the
     client is to get, `length_given` and `sse` say what the head said); `sink.answer_body(data)`
-    at most once
-    per read, with all of the body that read brought, as the client is to get it (in chunks of
-    its own when the answer has no length: each piece the replica sent becomes one chunk);
+    at most once per read, with all of the body that read brought, as the client is to get it
+    (in chunks of its own when the answer has no length: each piece the replica sent becomes
+    one chunk);
     `sink.answer_complete(keep_alive)` at its end. Interim answers (1xx but 101) are read and
     dropped. `feed` raises InvalidResponse for what is not HTTP."""
 
@@ -429,7 +428,7 @@ cdef class ResponseReader:
         or the usual one), the relayed lines, chunked framing when the answer has no length,
         `connection: close` when the client's connection ends with it, the request id."""
         cdef char status[8]
-        cdef Py_ssize_t status_size = decimal(status, self.status)
+        cdef Py_ssize_t status_size = digits_of(status, self.status, 10)
         cdef bytes usual_reason = None
         cdef Py_ssize_t reason_size = self.reason_.size
         if request_id is None:
@@ -508,21 +507,11 @@ cdef class ResponseReader:
 
     cdef int keep_body(self, const char* at, Py_ssize_t size) noexcept:
         """A piece of the body, kept as the client will get it."""
-        cdef char size_line[24]
-        cdef Py_ssize_t digits = 0
-        cdef Py_ssize_t rest = size
-        cdef Py_ssize_t at_digit
+        cdef char size_line[24]  # the chunk's size: hex digits, then CRLF
+        cdef Py_ssize_t digits
         if self.length_given:
             return buffer_add(&self.body, at, size)
-        while True:  # the chunk's size line: hex digits, then CRLF
-            digits += 1
-            rest >>= 4
-            if rest == 0:
-                break
-        rest = size
-        for at_digit in range(digits - 1, -1, -1):
-            size_line[at_digit] = HEX_DIGITS[rest & 15]
-            rest >>= 4
+        digits = digits_of(size_line, size, 16)
         size_line[digits] = 13
         size_line[digits + 1] = 10
         if (
@@ -538,31 +527,15 @@ cdef class ResponseReader:
         cdef Buffer* value = &self.value
         cdef int index = answer_index(name.data, name.size)
         cdef int failed = 0
-        if index < 0:
-            failed = (
-                buffer_add(&self.relayed, name.data, name.size)
-                or buffer_add(&self.relayed, b": ", 2)
-                or buffer_add(&self.relayed, value.data, value.size)
-                or buffer_add(&self.relayed, b"\r\n", 2)
-            )
-        elif index == answer_content_length:
+        if index == answer_content_length:
             self.framed = self.length_given = True
-            failed = (
-                buffer_add(&self.relayed, b"content-length: ", 16)
-                or buffer_add(&self.relayed, value.data, value.size)
-                or buffer_add(&self.relayed, b"\r\n", 2)
-            )
+            failed = buffer_add_line(&self.relayed, b"content-length", 14, value.data, value.size)
         elif index == answer_transfer_encoding:
             self.framed = True
-        elif index == answer_content_type:
-            if value.size >= 17 and memcmp(value.data, b"text/event-stream", 17) == 0:
-                self.sse = True
-            failed = (
-                buffer_add(&self.relayed, name.data, name.size)
-                or buffer_add(&self.relayed, b": ", 2)
-                or buffer_add(&self.relayed, value.data, value.size)
-                or buffer_add(&self.relayed, b"\r\n", 2)
-            )
+        elif index < 0 or index == answer_content_type:  # relayed as it came
+            if index == answer_content_type and value.size >= 17:
+                self.sse = self.sse or memcmp(value.data, b"text/event-stream", 17) == 0
+            failed = buffer_add_line(&self.relayed, name.data, name.size, value.data, value.size)
         name.size = value.size = 0
         return -1 if failed else 0
 

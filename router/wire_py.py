@@ -129,14 +129,8 @@ class RequestReader:
 
 
 class ResponseReader:
-    """Reads the answers of one replica connection and tells `sink` of each:
-    `sink.answer_head(status)` once the head is read (`client_head()` then gives the head the
-    client is to get, `length_given` and `sse` say what the head said); `sink.answer_body(data)`
-    at most once
-    per read, with all of the body that read brought, as the client is to get it (in chunks of
-    its own when the answer has no length: each piece the replica sent becomes one chunk);
-    `sink.answer_complete(keep_alive)` at its end. Interim answers (1xx but 101) are read and
-    dropped. `feed` raises InvalidResponse for what is not HTTP."""
+    """`router._wire.ResponseReader` on httptools: the same calls to `sink`, the same
+    `client_head`, `length_given`, `sse`, `headers_done` and `framed`."""
 
     def __init__(self, sink) -> None:
         self.parser = httptools.HttpResponseParser(self)
@@ -219,6 +213,8 @@ class ResponseReader:
         self.sink.answer_head(status)
 
     def on_body(self, body: bytes) -> None:
+        if not body:  # an empty chunk would end the answer
+            return
         if self.length_given:
             self.body.append(body)
         else:
