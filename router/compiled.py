@@ -48,5 +48,16 @@ def install_switch() -> None:
         sys.meta_path.insert(0, SourceOnly())
 
 
+def implementation(extension: str, twin):
+    """The compiled module `extension` unless the switch is on or it was not built (a source
+    checkout), in which case its pure-Python `twin`, which has the same API."""
+    if extensions_disabled():
+        return twin
+    try:
+        return importlib.import_module(extension)
+    except ImportError:
+        return twin
+
+
 def is_compiled(module) -> bool:
     return isinstance(getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader)

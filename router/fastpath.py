@@ -5,15 +5,9 @@ case the pure-Python twin, with the same API.
 """
 
 from router import fastpath_py
-from router.compiled import extensions_disabled
+from router.compiled import implementation
 
-if extensions_disabled():
-    _impl = fastpath_py
-else:
-    try:
-        from router import _fastpath as _impl
-    except ImportError:  # a source checkout that was never built
-        _impl = fastpath_py
+_impl = implementation("router._fastpath", fastpath_py)
 
 EndpointTable = _impl.EndpointTable
 NO_MODEL = _impl.NO_MODEL

@@ -3,15 +3,9 @@ callbacks) unless GPUROUTER_NO_EXTENSIONS=1 is set or it was not built, in which
 `router.wire_py` (httptools), with the same API."""
 
 from router import wire_py
-from router.compiled import extensions_disabled
+from router.compiled import implementation
 
-if extensions_disabled():
-    _impl = wire_py
-else:
-    try:
-        from router import _wire as _impl
-    except ImportError:  # a source checkout that was never built
-        _impl = wire_py
+_impl = implementation("router._wire", wire_py)
 
 Request = _impl.Request
 RequestReader = _impl.RequestReader
