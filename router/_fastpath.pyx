@@ -12,7 +12,6 @@ cimport cython
 
 from router.fastpath_py import endpoint_hash, normalise_routes
 
-from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -51,25 +50,6 @@ cdef enum AcquireResult:
     NO_MODEL_ = -1
     NO_ENDPOINT_ = -2
     SATURATED_ = -3
-
-
-cdef struct Slot:
-    int32_t model            # index of its model, SLOT_RETIRED once removed
-    int32_t in_flight
-    int64_t last_used_ns     # NEVER until the first use since it was watched
-    int64_t watched_since_ns
-    int32_t consecutive_failures
-    int32_t ejections        # how many times in a row it has been ejected
-    int64_t ejected_until_ns # 0 when not ejected
-    int64_t last_ejection_end_ns
-    uint64_t id_hash         # where the endpoint sits for keyed picks (endpoint_hash of its id)
-
-
-cdef struct Model:
-    int32_t first            # offset into the model-slot index
-    int32_t count
-    int32_t cursor           # rotates ties
-    int32_t ejected
 
 
 cdef inline int64_t monotonic_ns() noexcept nogil:
@@ -120,29 +100,6 @@ SATURATED = SATURATED_
 cdef class EndpointTable:
     """Routing table of model -> endpoints, with least-loaded selection and outlier ejection."""
 
-    cdef int _lock
-    cdef Slot* _slots
-    cdef int32_t _slot_capacity
-    cdef int32_t _slot_count
-    cdef Model* _models
-    cdef int32_t* _model_slots
-    cdef dict _model_index
-    cdef list _ids
-    cdef list _gone_ids      # the id a retired slot had, while requests may still be on it
-    cdef list _urls
-    cdef list _model_names
-    cdef object _update_lock
-    cdef readonly int64_t version
-    cdef int64_t _pinned_ns
-    cdef readonly int32_t failures_to_eject
-    cdef readonly int64_t base_ejection_ns
-    cdef readonly int64_t max_ejection_ns
-    cdef readonly int32_t max_ejection_percent
-    cdef readonly int32_t max_in_flight
-    cdef readonly double load_factor
-    cdef readonly int64_t last_snapshot_lock_ns
-    cdef readonly int64_t ejections_total
-
     def __cinit__(self):
         self._lock = 0
 
@@ -181,13 +138,13 @@ cdef class EndpointTable:
         free(self._models)
         free(self._model_slots)
 
-    cdef inline void _lock_acquire(self) noexcept:
+    cdef void _lock_acquire(self) noexcept:
         # Wait without the GIL, so that a holder that needs it can always finish.
         if not table_lock_try(&self._lock):
             with nogil:
                 table_lock_wait(&self._lock)
 
-    cdef inline int64_t _now(self) noexcept nogil:
+    cdef int64_t _now(self) noexcept nogil:
         if self._pinned_ns != NEVER:
             return self._pinned_ns
         return monotonic_ns()
@@ -196,7 +153,7 @@ cdef class EndpointTable:
         """Test hook: freeze the table's clock at `seconds`, or release it with None."""
         self._pinned_ns = NEVER if seconds is None else <int64_t>(seconds * 1e9)
 
-    def acquire(self, str model, uint64_t key=0, tuple exclude=()):
+    cpdef int acquire(self, str model, uint64_t key=0, tuple exclude=()) except? -9:
         """Pick an endpoint of `model` and count a request on it (it reports as used now
         until the matching release stamps the end of the use).
 
@@ -301,7 +258,7 @@ cdef class EndpointTable:
                 best_score = score
         return least if best == -1 else best
 
-    def release(self, int slot, bint failed=False):
+    cpdef bint release(self, int slot, bint failed=False) noexcept:
         """End a request on `slot`; count a failure towards ejection when `failed`.
         Returns whether this failure ejected the endpoint."""
         cdef bint ejected = False
@@ -520,7 +477,7 @@ cdef class EndpointTable:
             raise IndexError(f"no slot {slot}")
         return self._ids[slot]
 
-    def endpoint_url(self, int slot):
+    cpdef str endpoint_url(self, int slot):
         """URL of the endpoint in `slot` (None once it has been removed)."""
         if not 0 <= slot < len(self._urls):
             raise IndexError(f"no slot {slot}")

@@ -9,6 +9,7 @@ cdef struct Buffer:
 cdef class Request:
     cdef readonly bytes method
     cdef readonly bytes url
+    cdef readonly bytes path  # the url without its query
     cdef readonly dict headers
     cdef readonly bytes forward
     cdef readonly bytes body
@@ -49,3 +50,6 @@ cdef class ResponseReader:
     cdef int pass_body(self) except -1
     cdef int keep_body(self, const char* at, Py_ssize_t size) noexcept
     cdef int take_header(self) noexcept
+
+
+cpdef bytes numbered(bytes prefix, Py_ssize_t number)

@@ -16,7 +16,7 @@ GPUROUTER_NO_EXTENSIONS=1; the differential tests hold the two to the same answe
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 from router.errors import REASONS, InvalidResponse, RequestRefused
 from router.forwarding import NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
@@ -272,6 +272,22 @@ cdef inline char* put_c(char* at, const char* piece, Py_ssize_t size) noexcept:
     return at + size
 
 
+cpdef bytes numbered(bytes prefix, Py_ssize_t number):
+    """`prefix` then `number` in decimal (not negative), in one allocation: request ids."""
+    cdef char digits[24]
+    if prefix is None:
+        raise TypeError("numbered takes a bytes prefix")
+    if number < 0:
+        raise ValueError("numbered takes a number that is not negative")
+    cdef Py_ssize_t count = digits_of(digits, number, 10)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(prefix)
+    data = PyBytes_FromStringAndSize(NULL, size + count)
+    cdef char* out = PyBytes_AS_STRING(data)
+    memcpy(out, PyBytes_AS_STRING(prefix), size)
+    memcpy(out + size, digits, count)
+    return data
+
+
 cdef Py_ssize_t digits_of(char* out, Py_ssize_t value, int base) noexcept:
     """`value` (not negative) in `base` (10 or 16, lower-case) at `out`; returns how many
     digits."""
@@ -389,11 +405,17 @@ cdef class RequestReader:
     cdef int take_request(self) except -1:
         cdef Request request = Request.__new__(Request)
         cdef int method = (<llhttp_t*>self.parser).method
+        cdef const char* query
         name = method_names[method]
         if name is None:
             name = method_names[method] = <bytes>llhttp_method_name(<llhttp_method_t>method)
         request.method = name
         request.url = PyBytes_FromStringAndSize(self.url.data, self.url.size)
+        query = <const char*>memchr(self.url.data, 63, self.url.size)  # "?"
+        if query == NULL:
+            request.path = request.url
+        else:
+            request.path = PyBytes_FromStringAndSize(self.url.data, query - self.url.data)
         request.headers = self.headers if self.headers is not None else {}
         request.forward = PyBytes_FromStringAndSize(self.forward.data, self.forward.size)
         request.body = PyBytes_FromStringAndSize(self.body.data, self.body.size)

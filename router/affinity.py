@@ -15,7 +15,7 @@ that all routers and workers send a session to the same replica.
 
 from __future__ import annotations
 
-import zlib
+from zlib import crc32
 
 OFF, SESSION, PREFIX = "off", "session", "prefix"
 MODES = (OFF, SESSION, PREFIX)
@@ -23,7 +23,7 @@ DEFAULT_PREFIX_CHARS = 4096
 
 
 def stable_key(data: bytes) -> int:
-    return zlib.crc32(data) + 1
+    return crc32(data) + 1
 
 
 def affinity_key(payload, headers: dict, mode: str, prefix_chars: int) -> int:

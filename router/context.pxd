@@ -1,11 +1,13 @@
 # Types of router/context.py when compiled (Cython's pure Python mode): the .py is the code.
 
+from router cimport _fastpath
 from router.metrics cimport RouterMetrics
 from router.upstream cimport UpstreamPool
+from router._wire cimport numbered
 
 
 cdef class ProxyContext:
-    cdef public object table
+    cdef public _fastpath.EndpointTable table
     cdef public str router_id
     cdef public str incarnation
     cdef public double started
@@ -17,7 +19,7 @@ cdef class ProxyContext:
     cdef public set connections
     cdef public object loop
     cdef public object clock
-    cdef public unsigned long long last_id
+    cdef public Py_ssize_t last_id
     cdef public bytes _id_prefix
     cdef public frozenset routed_models
     cdef public dict parked

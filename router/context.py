@@ -15,6 +15,7 @@ from router.affinity import DEFAULT_PREFIX_CHARS
 from router.catalog import ModelCatalog
 from router.metrics import RouterMetrics, SharedMetrics, merge, render
 from router.upstream import UpstreamPool
+from router.wire import numbered
 
 
 @dataclass(frozen=True)  # ProxyContext keeps its own copies of the settings read per request
@@ -63,7 +64,9 @@ class ProxyContext:
         self.pools: dict[str, UpstreamPool] = {}
         self.connections: set = set()
         self.loop = asyncio.get_event_loop()
-        self.clock = self.loop.time  # read a few times per request: the bound method, kept
+        # Read a few times per request and by the deadline sweep. The loop's own clock is the
+        # same monotonic clock at millisecond grain, behind a slower call.
+        self.clock = time.monotonic
         self.last_id = 0
         self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
         self.routed_models: frozenset[str] = frozenset()
@@ -84,7 +87,7 @@ class ProxyContext:
 
     def new_request_id(self) -> bytes:
         self.last_id += 1
-        return self._id_prefix + str(self.last_id).encode()
+        return numbered(self._id_prefix, self.last_id)
 
     def pool_for(self, url: str) -> UpstreamPool:
         pool = self.pools.get(url)
@@ -112,7 +115,7 @@ class ProxyContext:
                 self.pools.pop(url).close()
 
     def sweep(self) -> None:
-        now = self.loop.time()
+        now = self.clock()
         for conn in list(self.connections):
             conn.check_deadlines(now)
 
@@ -141,7 +144,7 @@ class ProxyContext:
         queue.append(exchange)
         self.metrics.parked[model] = len(queue)
         if len(queue) == 1:  # once per wake, not per request
-            self.parked_since[model] = self.loop.time()
+            self.parked_since[model] = self.clock()
             self.on_demand(model, 1)
         return True
 
@@ -164,7 +167,7 @@ class ProxyContext:
         for model in [m for m in self.parked if self.table.endpoints(m)]:
             queue = self.parked.pop(model)
             self.metrics.parked[model] = 0
-            self.metrics.woke(model, self.loop.time() - self.parked_since.pop(model))
+            self.metrics.woke(model, self.clock() - self.parked_since.pop(model))
             for exchange in queue:
                 exchange.resume()
 

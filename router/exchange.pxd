@@ -1,6 +1,8 @@
 # Types of router/exchange.py when compiled (Cython's pure Python mode): the .py is the code.
 
-from router cimport _wire
+cimport cython
+
+from router cimport _fastpath, _wire
 from router.context cimport ProxyContext
 from router.metrics cimport ModelStats
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
@@ -51,6 +53,7 @@ cdef class Exchange(ResponseListener):
 
     cpdef void _move(self, object stage) except *
     cpdef void start(self)
+    @cython.locals(table=_fastpath.EndpointTable)
     cdef void _pick(self) except *
     cdef void _no_replica(self, long result) except *
     cdef void _connect(self) except *

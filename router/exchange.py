@@ -83,16 +83,17 @@ class Exchange(ResponseListener):
     """Attributes and the C-level methods are typed in exchange.pxd."""
 
     def __init__(self, client, target, request, request_id, key=0):
+        # Read through the typed attributes, not locals: compiled, these are C accesses.
         self.client = client
-        self.ctx = ctx = client.ctx
+        self.ctx = self.client.ctx
         self.model = self.routed_model = model = target[0]
         # Metric labels only for names the router routes: a client cannot add series.
-        self.label = label = model if model in ctx.routed_models else OTHER_MODEL
-        self.stats = ctx.metrics.models.get(label) or ctx.metrics.model(label)
+        self.label = label = model if model in self.ctx.routed_models else OTHER_MODEL
+        self.stats = self.ctx.metrics.models.get(label) or self.ctx.metrics.model(label)
         self.ask_each_replica = target[1]
         self.request = request  # as the client sent it (router.wire.Request)
         self.request_id = request_id
-        self.started = ctx.clock()
+        self.started = self.ctx.clock()
         self.outgoing: list[bytes] = []
         self.key = key  # affinity: which replica's prefix cache likely holds the prompt
         self.stage = PICK
@@ -191,7 +192,7 @@ class Exchange(ResponseListener):
 
     @property
     def path(self) -> str:
-        return self.request.url.split(b"?", 1)[0].decode(errors="replace")
+        return self.request.path.decode(errors="replace")
 
     def _connect(self) -> None:
         self._move(CONNECT)

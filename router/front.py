@@ -102,8 +102,7 @@ class ClientConnection(ClientSide):
         self.keep_alive = request.keep_alive
         ctx = self.ctx
         request_id = headers.get(b"x-request-id") or ctx.new_request_id()
-        query_at = url.find(b"?")
-        path = url if query_at < 0 else url[:query_at]
+        path = request.path
         if path.startswith(b"/v1/"):
             if ctx.keys_required and not ctx.authorised(headers):
                 self.respond_error(

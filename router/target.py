@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs
 
-import orjson
+from orjson import JSONDecodeError, loads
 
 MODEL_HEADER = b"x-gpufleet-model"
 BODYLESS_METHODS = (b"GET", b"DELETE")
@@ -35,8 +35,8 @@ def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[st
         if content_type[:1] in FORM_INITIALS and content_type[:19].lower() == MULTIPART_FORM:
             return _model_form_field(content_type, headers, body), False, None
         try:
-            loaded = orjson.loads(body)
-        except orjson.JSONDecodeError:
+            loaded = loads(body)
+        except JSONDecodeError:
             raise Refusal(400, "the body is not valid JSON") from None
         if type(loaded) is not dict:
             raise Refusal(400, "the body has no `model`", param="model")

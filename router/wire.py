@@ -10,6 +10,7 @@ _impl = implementation("router._wire", wire_py)
 Request = _impl.Request
 RequestReader = _impl.RequestReader
 ResponseReader = _impl.ResponseReader
+numbered = _impl.numbered
 USING_EXTENSION = _impl is not wire_py
 
-__all__ = ["Request", "RequestReader", "ResponseReader", "USING_EXTENSION"]
+__all__ = ["Request", "RequestReader", "ResponseReader", "USING_EXTENSION", "numbered"]

@@ -12,7 +12,7 @@ from router.forwarding import NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
 class Request:
     """One request as the client sent it, read whole."""
 
-    __slots__ = ("method", "url", "headers", "forward", "body", "keep_alive")
+    __slots__ = ("method", "url", "path", "headers", "forward", "body", "keep_alive")
 
     def __repr__(self) -> str:
         return f"Request({self.method!r}, {self.url!r})"
@@ -119,6 +119,7 @@ class RequestReader:
         request = Request()
         request.method = self.parser.get_method()
         request.url = self.url
+        request.path = self.url.partition(b"?")[0]
         request.headers = self.headers
         request.forward = b"".join(self.forward)
         request.body = b"".join(self.body)
@@ -226,3 +227,10 @@ class ResponseReader:
             return
         self._pass_body()
         self.sink.answer_complete(self.parser.should_keep_alive())
+
+
+def numbered(prefix: bytes, number: int) -> bytes:
+    """`prefix` then `number` in decimal (not negative): request ids."""
+    if number < 0:
+        raise ValueError("numbered takes a number that is not negative")
+    return prefix + str(number).encode()

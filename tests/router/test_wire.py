@@ -24,8 +24,29 @@ def read(reader_class, *pieces: bytes):
             reader.feed(piece)
     except RequestRefused as exc:
         refusal = (exc.status, str(exc))
-    requests = [(r.method, r.url, r.headers, r.forward, r.body, r.keep_alive) for r in pending]
+    requests = [
+        (r.method, r.url, r.path, r.headers, r.forward, r.body, r.keep_alive) for r in pending
+    ]
     return requests, refusal, reader.mid_message
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [(b"/v1/models", b"/v1/models"), (b"/v1/x?", b"/v1/x"), (b"/a?b?c", b"/a"), (b"/?q", b"/")],
+)
+def test_the_path_is_the_target_without_its_query(reader_class, target, path):
+    [request], refusal, _ = read(reader_class, b"GET %s HTTP/1.1\r\nHost: h\r\n\r\n" % target)
+    assert refusal is None
+    assert request[1:3] == (target, path)
+
+
+@pytest.mark.parametrize("module", [_wire, wire_py])
+def test_numbered_writes_the_prefix_then_the_number(module):
+    assert module.numbered(b"ab-", 0) == b"ab-0"
+    assert module.numbered(b"", 1234567890123) == b"1234567890123"
+    with pytest.raises(ValueError):
+        module.numbered(b"x", -1)
 
 
 REQUEST = (
@@ -39,10 +60,11 @@ REQUEST = (
 def test_a_request_is_read_whole_with_lower_case_names(reader_class):
     [request], refusal, mid = read(reader_class, REQUEST)
     assert refusal is None and not mid
-    method, url, headers, forward, body, keep_alive = request
-    assert (method, url, body, keep_alive) == (
+    method, url, path, headers, forward, body, keep_alive = request
+    assert (method, url, path, body, keep_alive) == (
         b"POST",
         b"/v1/chat/completions?x=1",
+        b"/v1/chat/completions",
         b'{"model":"m"}',
         True,
     )
@@ -73,7 +95,7 @@ def test_pipelined_requests_are_read_in_order_and_a_partial_one_is_mid_message(r
     second = b"POST /v1/x HTTP/1.1\r\ncontent-length: 2\r\n\r\nok"
     requests, refusal, mid = read(reader_class, first + second + b"GET / HT")
     assert refusal is None and mid
-    assert [(r[0], r[1], r[4], r[5]) for r in requests] == [
+    assert [(r[0], r[1], r[5], r[6]) for r in requests] == [
         (b"GET", b"/healthz", b"", True),
         (b"POST", b"/v1/x", b"ok", True),
     ]
@@ -86,7 +108,7 @@ def test_pipelined_requests_are_read_in_order_and_a_partial_one_is_mid_message(r
 )
 def test_a_request_that_closes_its_connection_is_not_kept_alive(reader_class, data):
     [request], refusal, _ = read(reader_class, data + b"GET / HTTP/1.1\r\n\r\n")
-    assert request[5] is False
+    assert request[6] is False
     assert refusal[0] == 400  # nothing may follow it
 
 
@@ -94,7 +116,7 @@ def test_a_request_that_closes_its_connection_is_not_kept_alive(reader_class, da
 def test_a_chunked_body_is_read_whole(reader_class):
     data = b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
     [request], refusal, _ = read(reader_class, data)
-    assert refusal is None and request[4] == b"abcde" and request[3] == b""
+    assert refusal is None and request[5] == b"abcde" and request[4] == b""
 
 
 REFUSED = [
