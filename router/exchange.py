@@ -60,6 +60,7 @@ _ALLOWED = _moves(MOVES)
 # idle_timeout_s plus one sweep.
 RENEW_AT_SWEEP = -1.0
 
+
 class LifecycleError(RuntimeError):
     pass
 

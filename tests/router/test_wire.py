@@ -2,7 +2,6 @@
 (router.wire_py) read the same requests the same way, and refuse the same ones with the same
 status, however the bytes are split across reads."""
 
-
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -468,13 +467,17 @@ def test_both_requests_build_the_same_upstream_request():
         built.append(
             [r.upstream(b"/base", b"h:1", r.forward, b"127.0.0.9", b"rid") for r in pending]
         )
-    assert built[0] == built[1] == [
-        b"POST /base/v1/x?y=1 HTTP/1.1\r\nhost: h:1\r\na: b\r\n"
-        b"x-forwarded-for: 10.0.0.1, 127.0.0.9\r\nx-request-id: rid\r\n"
-        b"content-length: 3\r\n\r\nabc",
-        b"GET /base/v1/y HTTP/1.1\r\nhost: h:1\r\nx-forwarded-for: 127.0.0.9\r\n"
-        b"x-request-id: rid\r\ncontent-length: 0\r\n\r\n",
-    ]
+    assert (
+        built[0]
+        == built[1]
+        == [
+            b"POST /base/v1/x?y=1 HTTP/1.1\r\nhost: h:1\r\na: b\r\n"
+            b"x-forwarded-for: 10.0.0.1, 127.0.0.9\r\nx-request-id: rid\r\n"
+            b"content-length: 3\r\n\r\nabc",
+            b"GET /base/v1/y HTTP/1.1\r\nhost: h:1\r\nx-forwarded-for: 127.0.0.9\r\n"
+            b"x-request-id: rid\r\ncontent-length: 0\r\n\r\n",
+        ]
+    )
     with pytest.raises(TypeError):
         pending[0].upstream(b"", b"h", b"", b"p", None)
 
