@@ -1,5 +1,8 @@
 # The request reader's C-level types: front.py (compiled) reads a Request's fields directly.
 
+from router.sink cimport AnswerSink
+
+
 cdef struct Buffer:
     char* data
     Py_ssize_t size
@@ -39,7 +42,7 @@ cdef class RequestReader:
 cdef class ResponseReader:
     cdef void* parser
     cdef Buffer reason_, name, value, relayed, body
-    cdef object answer_head, answer_body, answer_complete
+    cdef AnswerSink sink
     cdef readonly int status
     cdef readonly bint length_given, sse, headers_done, framed
     cdef bint interim

@@ -427,7 +427,7 @@ cdef class RequestReader:
 
 
 cdef class ResponseReader:
-    """Reads the answers of one replica connection and tells `sink` of each:
+    """Reads the answers of one replica connection and tells `sink` (an AnswerSink) of each:
     `sink.answer_head(status)` once the head is read (`client_head()` then gives the head the
     client is to get, `length_given` and `sse` say what the head said); `sink.answer_body(data)`
     at most once per read, with all of the body that read brought, as the client is to get it
@@ -491,10 +491,8 @@ cdef class ResponseReader:
         parser.data = <void*>self
         self.parser = parser
 
-    def __init__(self, sink):
-        self.answer_head = sink.answer_head
-        self.answer_body = sink.answer_body
-        self.answer_complete = sink.answer_complete
+    def __init__(self, AnswerSink sink not None):
+        self.sink = sink
 
     def __dealloc__(self):
         free(self.parser)
@@ -524,7 +522,7 @@ cdef class ResponseReader:
         """The body read so far goes to the sink, in one bytes object."""
         data = PyBytes_FromStringAndSize(self.body.data, self.body.size)
         buffer_reset(&self.body)
-        self.answer_body(data)
+        self.sink.answer_body(data)
         return 0
 
     cdef int keep_body(self, const char* at, Py_ssize_t size) noexcept:
@@ -653,7 +651,7 @@ cdef int answer_head_done(llhttp_t* parser) noexcept:
     try:
         reader.headers_done = True
         reader.status = parser.status_code
-        reader.answer_head(reader.status)
+        reader.sink.answer_head(reader.status)
     except BaseException as exc:
         reader.failure = exc
         return -1
@@ -674,7 +672,7 @@ cdef int answer_done(llhttp_t* parser) noexcept:
     try:
         if reader.body.size:
             reader.pass_body()
-        reader.answer_complete(bool(llhttp_should_keep_alive(parser)))
+        reader.sink.answer_complete(llhttp_should_keep_alive(parser))
     except BaseException as exc:
         reader.failure = exc
         return -1

@@ -19,6 +19,7 @@ from pathlib import Path
 
 COMPILED_MODULES = (
     "router.metrics",
+    "router.sink",
     "router.target",
     "router.affinity",
     "router.upstream",

@@ -1,6 +1,7 @@
 # Types of router/upstream.py when compiled (Cython's pure Python mode): the .py is the code.
 
 from router cimport _wire
+from router.sink cimport AnswerSink
 
 
 cdef class UpstreamConnection
@@ -15,7 +16,7 @@ cdef class ResponseListener:
     cpdef void flush(self) except *
 
 
-cdef class UpstreamConnection:
+cdef class UpstreamConnection(AnswerSink):
     cdef public UpstreamPool pool
     cdef public object transport
     cdef public _wire.ResponseReader reader
@@ -25,7 +26,9 @@ cdef class UpstreamConnection:
     cdef public double idle_since
 
     cpdef bint send(self, ResponseListener listener, bytes request)
+    cpdef void answer_head(self, int status) except *
     cpdef void answer_body(self, bytes data) except *
+    cpdef void answer_complete(self, bint keep_alive) except *
     cpdef void close(self)
     cpdef void detach(self)
 

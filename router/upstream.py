@@ -12,6 +12,7 @@ import socket
 from urllib.parse import urlsplit
 
 from router.errors import InvalidResponse
+from router.sink import AnswerSink
 from router.wire import ResponseReader
 
 
@@ -36,9 +37,9 @@ class ResponseListener:
         raise NotImplementedError
 
 
-class UpstreamConnection:
+class UpstreamConnection(AnswerSink):
     """An asyncio protocol (by its methods: a compiled class cannot derive from
-    asyncio.Protocol); attributes are typed in upstream.pxd."""
+    asyncio.Protocol) and its ResponseReader's sink; attributes are typed in upstream.pxd."""
 
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool

@@ -13,4 +13,10 @@ ResponseReader = _impl.ResponseReader
 numbered = _impl.numbered
 USING_EXTENSION = _impl is not wire_py
 
-__all__ = ["Request", "RequestReader", "ResponseReader", "USING_EXTENSION", "numbered"]
+__all__ = [
+    "Request",
+    "RequestReader",
+    "ResponseReader",
+    "USING_EXTENSION",
+    "numbered",
+]

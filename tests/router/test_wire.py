@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from router import _wire, wire_py
 from router.errors import InvalidResponse, RequestRefused
+from router.sink import AnswerSink
 
 READERS = [_wire.RequestReader, wire_py.RequestReader]
 MAX_HEADER_BYTES, MAX_BODY_BYTES = 4096, 1000
@@ -232,7 +233,7 @@ def dechunk(data: bytes) -> bytes:
     return content
 
 
-class Sink:
+class Sink(AnswerSink):
     """Records what a response reader tells its connection: the body as its content, unframed
     (where reads split it decides where the relayed chunks are cut)."""
 
