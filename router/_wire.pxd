@@ -45,11 +45,16 @@ cdef class ResponseReader:
     cdef AnswerSink sink
     cdef readonly int status
     cdef readonly bint length_given, sse, headers_done, framed
+    cdef readonly bint body_begun  # some of this answer's body has been read
     cdef bint interim
     cdef object failure
 
     cpdef int feed(self, bytes data) except -1
     cpdef bytes client_head(self, bytes request_id, bint close)
+    cpdef void relay_head(self, bytes request_id, bint close) except *
+    cdef Py_ssize_t client_head_size(self, bytes request_id, bint close) noexcept
+    cdef void write_client_head(self, char* at, bytes request_id, bint close) noexcept
+    cpdef void feed_eof(self) except *
     cdef int pass_body(self) except -1
     cdef int keep_body(self, const char* at, Py_ssize_t size) noexcept
     cdef int take_header(self) noexcept

@@ -65,7 +65,9 @@ cdef extern from "llhttp.h":
 
 
 # Buffers grow: a request's pieces can arrive over many reads.
-cdef int buffer_add(Buffer* buffer, const char* at, Py_ssize_t size) noexcept:
+cdef char* buffer_extend(Buffer* buffer, Py_ssize_t size) noexcept:
+    """Room for `size` (> 0) more bytes at the buffer's end, counted as used; NULL when out
+    of memory."""
     cdef Py_ssize_t needed = buffer.size + size
     cdef Py_ssize_t capacity
     cdef char* grown
@@ -73,11 +75,20 @@ cdef int buffer_add(Buffer* buffer, const char* at, Py_ssize_t size) noexcept:
         capacity = max(needed, 2 * buffer.capacity, 256)
         grown = <char*>realloc(buffer.data, capacity)
         if grown == NULL:
-            return -1
+            return NULL
         buffer.data = grown
         buffer.capacity = capacity
-    memcpy(buffer.data + buffer.size, at, size)
     buffer.size = needed
+    return buffer.data + needed - size
+
+
+cdef int buffer_add(Buffer* buffer, const char* at, Py_ssize_t size) noexcept:
+    if size == 0:  # an empty buffer may have no room at all yet
+        return 0
+    cdef char* room = buffer_extend(buffer, size)
+    if room == NULL:
+        return -1
+    memcpy(room, at, size)
     return 0
 
 
@@ -118,6 +129,7 @@ cdef list method_names = [None] * 256  # bytes per llhttp method number (a byte)
 cdef llhttp_settings_t request_settings
 cdef llhttp_settings_t response_settings
 cdef const char* HEX_DIGITS = b"0123456789abcdef"
+cdef const char* LAST_CHUNK = b"0\r\n\r\n"  # ends a chunked body
 
 # The answer's headers the router looks at, lower case: all but content-type are not relayed as
 # they came (content-length is written again, as the router frames the answer itself).
@@ -428,13 +440,16 @@ cdef class RequestReader:
 
 cdef class ResponseReader:
     """Reads the answers of one replica connection and tells `sink` (an AnswerSink) of each:
-    `sink.answer_head(status)` once the head is read (`client_head()` then gives the head the
-    client is to get, `length_given` and `sse` say what the head said); `sink.answer_body(data)`
-    at most once per read, with all of the body that read brought, as the client is to get it
-    (in chunks of its own when the answer has no length: each piece the replica sent becomes
-    one chunk);
-    `sink.answer_complete(keep_alive)` at its end. Interim answers (1xx but 101) are read and
-    dropped. `feed` raises InvalidResponse for what is not HTTP."""
+    - `sink.answer_head(status)` once the head is read: `length_given` and `sse` say what the
+      head said, `relay_head()` sends the client its head;
+    - `sink.answer_body(data)` at most once per read, with all that read brought for the
+      client, framed as the client is to get it: the relayed head, the body (in chunks of its
+      own when the answer has no length: each piece the replica sent becomes one chunk) and,
+      at the end of a chunked one, the last chunk;
+    - `sink.answer_complete(keep_alive)` at its end (`feed_eof` ends an answer whose body runs
+      to the close).
+    Interim answers (1xx but 101) are read and dropped. `feed` raises InvalidResponse for what
+    is not HTTP."""
 
     @property
     def head(self):
@@ -449,29 +464,43 @@ cdef class ResponseReader:
         """The head the client gets, in one bytes object: the replica's status line (its reason,
         or the usual one), the relayed lines, chunked framing when the answer has no length,
         `connection: close` when the client's connection ends with it, the request id."""
-        cdef char status[8]
-        cdef Py_ssize_t status_size = digits_of(status, self.status, 10)
-        cdef bytes usual_reason = None
-        cdef Py_ssize_t reason_size = self.reason_.size
         if request_id is None:
             raise TypeError("the request id is bytes")
+        data = PyBytes_FromStringAndSize(NULL, self.client_head_size(request_id, close))
+        self.write_client_head(PyBytes_AS_STRING(data), request_id, close)
+        return data
+
+    cpdef void relay_head(self, bytes request_id, bint close) except *:
+        """The client head goes out ahead of the body: in the same `answer_body` as the body
+        this read brings, or alone at the end of the read when it brought none."""
+        if request_id is None:
+            raise TypeError("the request id is bytes")
+        cdef char* room = buffer_extend(&self.body, self.client_head_size(request_id, close))
+        if room == NULL:
+            raise MemoryError()
+        self.write_client_head(room, request_id, close)
+
+    cdef Py_ssize_t client_head_size(self, bytes request_id, bint close) noexcept:
+        cdef char status[8]
+        cdef Py_ssize_t reason_size = self.reason_.size
         if reason_size == 0:
-            usual_reason = REASONS.get(self.status, b"")
-            reason_size = PyBytes_GET_SIZE(usual_reason)
-        cdef Py_ssize_t size = (
-            9 + status_size + 1 + reason_size + 2 + self.relayed.size
+            reason_size = PyBytes_GET_SIZE(<bytes>REASONS.get(self.status, b""))
+        return (
+            9 + digits_of(status, self.status, 10) + 1 + reason_size + 2 + self.relayed.size
             + (0 if self.length_given else 28) + (19 if close else 0)
             + 14 + PyBytes_GET_SIZE(request_id) + 4
         )
-        data = PyBytes_FromStringAndSize(NULL, size)
-        cdef char* at = PyBytes_AS_STRING(data)
+
+    cdef void write_client_head(self, char* at, bytes request_id, bint close) noexcept:
+        cdef char status[8]
+        cdef Py_ssize_t status_size = digits_of(status, self.status, 10)
         at = put_c(at, b"HTTP/1.1 ", 9)
         at = put_c(at, status, status_size)
         at = put_c(at, b" ", 1)
-        if usual_reason is not None:
-            at = put(at, usual_reason)
+        if self.reason_.size == 0:
+            at = put(at, <bytes>REASONS.get(self.status, b""))
         else:
-            at = put_c(at, self.reason_.data, reason_size)
+            at = put_c(at, self.reason_.data, self.reason_.size)
         at = put_c(at, b"\r\n", 2)
         at = put_c(at, self.relayed.data, self.relayed.size)
         if not self.length_given:
@@ -481,7 +510,17 @@ cdef class ResponseReader:
         at = put_c(at, b"x-request-id: ", 14)
         at = put(at, request_id)
         put_c(at, b"\r\n\r\n", 4)
-        return data
+
+    cpdef void feed_eof(self) except *:
+        """The replica closed the connection: an answer whose body runs to the close (neither
+        length nor chunks) is complete; any other is not, and nothing is told."""
+        if not self.headers_done or self.framed:
+            return
+        self.headers_done = False
+        if buffer_add(&self.body, LAST_CHUNK, 5):
+            raise MemoryError()
+        self.pass_body()
+        self.sink.answer_complete(False)
 
     def __cinit__(self):
         cdef llhttp_t* parser = <llhttp_t*>calloc(1, sizeof(llhttp_t))
@@ -623,6 +662,7 @@ cdef int answer_begins(llhttp_t* parser) noexcept:
     reader.reason_.size = reader.name.size = reader.value.size = 0
     buffer_reset(&reader.relayed)
     reader.length_given = reader.sse = reader.headers_done = reader.framed = False
+    reader.body_begun = False
     return 0
 
 
@@ -661,6 +701,7 @@ cdef int answer_head_done(llhttp_t* parser) noexcept:
 cdef int answer_body(llhttp_t* parser, const char* at, size_t size) noexcept:
     if size == 0:
         return 0
+    (<ResponseReader>parser.data).body_begun = True
     return (<ResponseReader>parser.data).keep_body(at, size)
 
 
@@ -670,6 +711,8 @@ cdef int answer_done(llhttp_t* parser) noexcept:
         reader.interim = False
         return 0
     try:
+        if not reader.length_given and buffer_add(&reader.body, LAST_CHUNK, 5):
+            raise MemoryError()
         if reader.body.size:
             reader.pass_body()
         reader.sink.answer_complete(llhttp_should_keep_alive(parser))

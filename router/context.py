@@ -93,7 +93,7 @@ class ProxyContext:
         pool = self.pools.get(url)
         if pool is None:
             pool = self.pools[url] = UpstreamPool(
-                url, self.config.connect_timeout_s, loop=self.loop
+                url, self.config.connect_timeout_s, loop=self.loop, clock=self.clock
             )
         return pool
 

@@ -24,6 +24,7 @@ cdef class ClientSide:
     cpdef void close(self)
 
 
+@cython.freelist(16)
 cdef class Exchange(ResponseListener):
     cdef public ClientSide client
     cdef public ProxyContext ctx
@@ -35,7 +36,6 @@ cdef class Exchange(ResponseListener):
     cdef public _wire.Request request
     cdef public bytes request_id
     cdef public double started
-    cdef public list outgoing
     cdef public object key
     cdef public object stage
     cdef public long slot
@@ -66,8 +66,9 @@ cdef class Exchange(ResponseListener):
     cdef void _end_broken_answer(self, str message) except *
     cpdef void _finish(self, int status, bint failed=*, tuple error=*, bytes extra=*) except *
     cdef void _broke(self, object exc)
-    cpdef void flush(self) except *
+    cdef void _write(self, bytes data) except *
     cpdef void upstream_headers(self, int status, _wire.ResponseReader head) except *
+    @cython.locals(upstream=UpstreamConnection)
     cpdef void upstream_body(self, bytes data) except *
     cpdef void upstream_complete(self, bint reusable) except *
     cpdef void upstream_lost(self, str reason, bint reused) except *

@@ -95,7 +95,6 @@ class Exchange(ResponseListener):
         self.request = request  # as the client sent it (router.wire.Request)
         self.request_id = request_id
         self.started = self.ctx.clock()
-        self.outgoing: list[bytes] = []
         self.key = key  # affinity: which replica's prefix cache likely holds the prompt
         self.stage = PICK
         self.slot = -1
@@ -285,11 +284,10 @@ class Exchange(ResponseListener):
     def _end_broken_answer(self, message: str) -> None:
         if self.sse and self.chunked:
             event = sse_error_event(message)
-            self.outgoing.append(b"%x\r\n%s\r\n%s" % (len(event), event, CHUNK_END))
+            self._write(b"%x\r\n%s\r\n%s" % (len(event), event, CHUNK_END))
         else:
             # A body cannot carry an error now: the client learns from the cut connection.
             self.client.keep_alive = False
-        self.flush()
         self._finish(self.status, failed=True)
 
     def _finish(self, status: int, failed: bool = False, error: tuple = (), extra=b"") -> None:
@@ -342,12 +340,9 @@ class Exchange(ResponseListener):
 
     # Events from outside: each catches what it raises.
 
-    def flush(self) -> None:
-        """What one read from the replica produced goes to the client in one write."""
-        if self.outgoing:
-            if not self.client.closed:
-                self.client.transport.write(b"".join(self.outgoing))
-            self.outgoing.clear()
+    def _write(self, data: bytes) -> None:
+        if not self.client.closed:
+            self.client.transport.write(data)
 
     def upstream_headers(self, status: int, head) -> None:
         try:
@@ -365,8 +360,8 @@ class Exchange(ResponseListener):
             self.deadline = RENEW_AT_SWEEP
             self.sse = head.sse
             self.chunked = not head.length_given
-            # Joined with the body in `flush`: one write for the whole read.
-            self.outgoing.append(head.client_head(self.request_id, not self.client.keep_alive))
+            # Written with the body this read brings: one write for the whole read.
+            head.relay_head(self.request_id, not self.client.keep_alive)
         except Exception as exc:
             self._broke(exc)
 
@@ -377,13 +372,13 @@ class Exchange(ResponseListener):
         try:
             if self.stage is not RELAY:
                 return
-            if not self.first_chunk_seen:
+            upstream = self.upstream
+            if not self.first_chunk_seen and upstream is not None and upstream.reader.body_begun:
+                # The first of the body, not the head: engines send the head before generating.
                 self.first_chunk_seen = True
                 self.stats.first_token.observe(self.ctx.clock() - self.started)
             self.deadline = RENEW_AT_SWEEP  # no clock read per chunk
-            # Framed by the reader as the client gets it; a read that brought only body is
-            # written as the one bytes object the reader made of it.
-            self.outgoing.append(data)
+            self._write(data)
         except Exception as exc:
             self._broke(exc)
 
@@ -392,9 +387,6 @@ class Exchange(ResponseListener):
             self.upstream = None
             if self.stage is not RELAY:
                 return
-            if self.chunked:
-                self.outgoing.append(CHUNK_END)
-            self.flush()
             status = self.status
             # 5xx is the replica's failure, except 501: the client asked for what it does not
             # serve (an endpoint the engine was not started with).

@@ -18,6 +18,7 @@ cdef class ModelStats:
     cdef public dict durations
     cdef public Histogram first_token
 
+    @cython.locals(histogram=Histogram)
     cpdef void finished(self, int status, object seconds) except *
 
 

@@ -3,5 +3,5 @@
 cimport cython
 
 
-@cython.locals(payload=dict)
+@cython.locals(payload=dict, content_type=bytes)
 cpdef tuple target_of(bytes method, bytes url, dict headers, bytes body)

@@ -15,7 +15,6 @@ from orjson import JSONDecodeError, loads
 
 MODEL_HEADER = b"x-gpufleet-model"
 BODYLESS_METHODS = (b"GET", b"DELETE")
-FORM_INITIALS = (b"m", b"M")
 MULTIPART_FORM = b"multipart/form-data"
 
 
@@ -32,7 +31,11 @@ def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[st
     if method == b"POST":
         content_type = headers.get(b"content-type", b"")
         # The first letter alone rules out JSON (nearly every request) without a lower().
-        if content_type[:1] in FORM_INITIALS and content_type[:19].lower() == MULTIPART_FORM:
+        if (
+            content_type
+            and content_type[0] in b"mM"
+            and content_type[:19].lower() == MULTIPART_FORM
+        ):
             return _model_form_field(content_type, headers, body), False, None
         try:
             loaded = loads(body)

@@ -1,5 +1,7 @@
 # Types of router/upstream.py when compiled (Cython's pure Python mode): the .py is the code.
 
+cimport cython
+
 from router cimport _wire
 from router.sink cimport AnswerSink
 
@@ -13,7 +15,6 @@ cdef class ResponseListener:
     cpdef void upstream_body(self, bytes data) except *
     cpdef void upstream_complete(self, bint reusable) except *
     cpdef void upstream_lost(self, str reason, bint reused) except *
-    cpdef void flush(self) except *
 
 
 cdef class UpstreamConnection(AnswerSink):
@@ -45,7 +46,9 @@ cdef class UpstreamPool:
     cdef public list idle
     cdef public set open
     cdef public object loop
+    cdef public object clock
 
+    @cython.locals(conn=UpstreamConnection)
     cpdef UpstreamConnection take_idle(self, double now)
     cpdef void put_back(self, UpstreamConnection conn)
     cpdef void forget(self, UpstreamConnection conn)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from router.errors import InvalidResponse
@@ -21,19 +23,17 @@ class ResponseListener:
     protocol so that, compiled, these calls are C calls."""
 
     def upstream_headers(self, status: int, head: ResponseReader) -> None:
-        """`head.client_head(...)`: the head to pass on; `head.length_given`, `head.sse`."""
+        """`head.relay_head(...)` passes the head on; `head.length_given`, `head.sse`."""
         raise NotImplementedError
 
     def upstream_body(self, data: bytes) -> None:
+        """What one read brought for the client, framed: one write."""
         raise NotImplementedError
 
     def upstream_complete(self, reusable: bool) -> None:
         raise NotImplementedError
 
     def upstream_lost(self, reason: str, reused: bool) -> None:
-        raise NotImplementedError
-
-    def flush(self) -> None:
         raise NotImplementedError
 
 
@@ -70,13 +70,10 @@ class UpstreamConnection(AnswerSink):
         return True
 
     def data_received(self, data: bytes) -> None:
-        listener = self.listener
         try:
             self.reader.feed(data)
         except InvalidResponse:
             self.abort("invalid HTTP from upstream")
-        if listener is not None:
-            listener.flush()
 
     # what the reader tells
 
@@ -108,8 +105,7 @@ class UpstreamConnection(AnswerSink):
             return
         if self.reader.headers_done and not self.reader.framed:
             # A body with neither length nor chunks ends with the connection: it is complete.
-            listener, self.listener = self.listener, None
-            listener.upstream_complete(False)
+            self.reader.feed_eof()
             return
         listener, self.listener = self.listener, None
         if listener is not None:
@@ -159,6 +155,7 @@ class UpstreamPool:
         max_idle: int = 256,
         max_idle_s: float = 4.0,
         loop: asyncio.AbstractEventLoop | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -178,6 +175,7 @@ class UpstreamPool:
         # The router's loop, given rather than asked for per request:
         # asyncio.get_running_loop() makes a getpid() system call each time.
         self.loop = loop
+        self.clock = clock  # the router's (ProxyContext.clock): idle times compare with it
 
     def take_idle(self, now: float) -> UpstreamConnection | None:
         """The most recently used idle connection that is still fresh."""
@@ -207,7 +205,7 @@ class UpstreamPool:
 
     def put_back(self, conn: UpstreamConnection) -> None:
         if len(self.idle) < self.max_idle:
-            conn.idle_since = (self.loop or asyncio.get_running_loop()).time()
+            conn.idle_since = self.clock()
             self.idle.append(conn)
         else:
             conn.close()

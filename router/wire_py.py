@@ -6,7 +6,7 @@ from __future__ import annotations
 import httptools
 
 from router.errors import REASONS, InvalidResponse, RequestRefused
-from router.forwarding import NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
+from router.forwarding import CHUNK_END, NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
 
 
 class Request:
@@ -131,7 +131,8 @@ class RequestReader:
 
 class ResponseReader:
     """`router._wire.ResponseReader` on httptools: the same calls to `sink`, the same
-    `client_head`, `length_given`, `sse`, `headers_done` and `framed`."""
+    `client_head`, `relay_head`, `feed_eof`, `length_given`, `sse`, `headers_done` and
+    `framed`."""
 
     def __init__(self, sink) -> None:
         self.parser = httptools.HttpResponseParser(self)
@@ -139,6 +140,7 @@ class ResponseReader:
         self.head = self.reason = b""
         self.status = 0
         self.length_given = self.sse = self.headers_done = self.framed = False
+        self.body_begun = False  # some of this answer's body has been read
         self.interim = False
         self.body: list[bytes] = []
 
@@ -158,6 +160,21 @@ class ResponseReader:
                 b"\r\n\r\n",
             )
         )
+
+    def relay_head(self, request_id: bytes, close: bool) -> None:
+        """The client head goes out ahead of the body: in the same `answer_body` as the body
+        this read brings, or alone at the end of the read when it brought none."""
+        self.body.append(self.client_head(request_id, close))
+
+    def feed_eof(self) -> None:
+        """The replica closed the connection: an answer whose body runs to the close (neither
+        length nor chunks) is complete; any other is not, and nothing is told."""
+        if not self.headers_done or self.framed:
+            return
+        self.headers_done = False
+        self.body.append(CHUNK_END)
+        self._pass_body()
+        self.sink.answer_complete(False)
 
     def feed(self, data: bytes) -> int:
         try:
@@ -185,6 +202,7 @@ class ResponseReader:
         self.reason = b""
         self.relayed: list[bytes] = []
         self.length_given = self.sse = self.headers_done = self.framed = False
+        self.body_begun = False
 
     def on_status(self, reason: bytes) -> None:
         self.reason += reason
@@ -216,6 +234,7 @@ class ResponseReader:
     def on_body(self, body: bytes) -> None:
         if not body:  # an empty chunk would end the answer
             return
+        self.body_begun = True
         if self.length_given:
             self.body.append(body)
         else:
@@ -225,6 +244,8 @@ class ResponseReader:
         if self.interim:
             self.interim = False
             return
+        if not self.length_given:
+            self.body.append(CHUNK_END)
         self._pass_body()
         self.sink.answer_complete(self.parser.should_keep_alive())
 

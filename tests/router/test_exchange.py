@@ -320,3 +320,22 @@ def test_a_501_is_the_clients_mistake_and_ejects_nothing():
         assert sum(rig.ctx.metrics.ejections.values()) >= 1
 
     run(body)
+
+
+def test_the_first_token_is_timed_at_the_first_body_not_at_the_head():
+    """Engines send a stream's head before they generate: its arrival is not a token."""
+
+    async def body():
+        rig = Rig()
+        exchange = rig.send()
+        await settle()
+        first_token = rig.ctx.metrics.models["m"].first_token
+        rig.answer(exchange, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+        assert exchange.stage is RELAY and first_token.count == 0
+        assert rig.transport.data.endswith(b"\r\n\r\n")  # the head went out at once
+        rig.answer(exchange, b"data: 1\n\n")
+        assert first_token.count == 1
+        exchange.upstream.connection_lost(None)
+        assert exchange.stage is DONE and rig.transport.data.endswith(b"0\r\n\r\n")
+
+    run(body)

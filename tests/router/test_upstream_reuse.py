@@ -81,12 +81,11 @@ def test_idle_connections_retire_before_the_engines_keepalive_ends():
 
 
 def test_a_connection_goes_back_to_its_pool_without_asking_asyncio_for_the_loop(monkeypatch):
-    """asyncio.get_running_loop() costs a getpid() system call: not once per request."""
-    from types import SimpleNamespace
-
+    """asyncio.get_running_loop() costs a getpid() system call: not once per request. Its
+    idle time starts on the router's clock."""
     from router.upstream import UpstreamConnection, UpstreamPool
 
-    pool = UpstreamPool("http://127.0.0.1:9", 1.0, loop=SimpleNamespace(time=lambda: 7.0))
+    pool = UpstreamPool("http://127.0.0.1:9", 1.0, clock=lambda: 7.0)
     asked = []
     monkeypatch.setattr(asyncio, "get_running_loop", lambda: asked.append(1))
     conn = UpstreamConnection(pool)

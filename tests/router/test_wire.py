@@ -221,16 +221,20 @@ def test_the_reader_and_its_twin_agree(batch, cuts):
     assert read(_wire.RequestReader, *pieces) == read(wire_py.RequestReader, *pieces)
 
 
-def dechunk(data: bytes) -> bytes:
-    """The content of chunks framed as a relayed answer's are: strictly, or the test fails."""
+def dechunk(data: bytes) -> tuple[bytes, bool]:
+    """The content of chunks framed as a relayed answer's are, and whether the last chunk
+    ended them: strictly, or the test fails."""
     content = b""
     while data:
         size_line, crlf, data = data.partition(b"\r\n")
         assert crlf and size_line and size_line == b"%x" % int(size_line, 16), size_line
         size = int(size_line, 16)
-        assert size > 0 and data[size : size + 2] == b"\r\n", data
+        if size == 0:
+            assert data == b"\r\n", data
+            return content, True
+        assert data[size : size + 2] == b"\r\n", data
         content, data = content + data[:size], data[size + 2 :]
-    return content
+    return content, False
 
 
 class Sink(AnswerSink):
@@ -241,20 +245,30 @@ class Sink(AnswerSink):
         self.events: list = []
         self.reader = None
         self.reads_with_body = 0
+        self.head_to_come = b""
 
     def answer_head(self, status):
         head = self.reader
         self.events.append(("head", status, head.reason, head.head, head.length_given, head.sse))
-        self.events.append(("client head", head.client_head(b"rid", close=status >= 500)))
+        client_head = head.client_head(b"rid", close=status >= 500)
+        self.events.append(("client head", client_head))
+        head.relay_head(b"rid", status >= 500)
+        self.head_to_come = client_head
 
     def answer_body(self, data):
         self.reads_with_body += 1
+        if self.head_to_come:
+            assert data.startswith(self.head_to_come), "the relayed head goes first, whole"
+            data, self.head_to_come = data[len(self.head_to_come) :], b""
+        ended = False
         if not self.reader.length_given:
-            data = dechunk(data)
-        if self.events[-1][0] == "body":
+            data, ended = dechunk(data)
+        if data and self.events[-1][0] == "body":
             self.events[-1] = ("body", self.events[-1][1] + data)
-        else:
+        elif data:
             self.events.append(("body", data))
+        if ended:
+            self.events.append(("last chunk",))
 
     def answer_complete(self, keep_alive):
         self.events.append(("complete", keep_alive))
@@ -303,6 +317,7 @@ def test_an_answer_head_keeps_what_is_relayed_and_says_how_it_is_framed(reader_c
             b"Server: engine\r\ntransfer-encoding: chunked\r\nx-request-id: rid\r\n\r\n",
         ),
         ("body", b"data: 1\n"),
+        ("last chunk",),
         ("complete", True),
         ("head", 404, b"Not Found", b"content-length: 2\r\n", True, False),
         (
@@ -344,8 +359,11 @@ def test_a_read_of_many_chunks_is_passed_on_at_once_as_the_client_gets_it(reader
     reader.feed(b"1a\r\n" + b"a" * 26 + b"\r\n2\r\nbc\r\n")
     reader.feed(b"1000\r\n" + b"d" * 4096 + b"\r\n0\r\n\r\n")
     assert relayed == [
+        # A read of the head alone: the client gets the head at once (an SSE stream's head
+        # comes before its first event).
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-request-id: rid\r\n\r\n",
         b"1a\r\n" + b"a" * 26 + b"\r\n2\r\nbc\r\n",
-        b"1000\r\n" + b"d" * 4096 + b"\r\n",
+        b"1000\r\n" + b"d" * 4096 + b"\r\n0\r\n\r\n",
     ]
     assert sink.events[-1] == ("complete", True)
 
@@ -358,6 +376,22 @@ def test_an_answer_without_length_or_chunks_is_unframed(reader_class):
     assert error is None and headers_done and not framed
     # Relayed in chunks of its own; the rest comes until the replica closes.
     assert events[-1] == ("body", b"part")
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_the_close_ends_an_unframed_answer_and_nothing_else(reader_class):
+    sink = Sink()
+    reader = sink.reader = reader_class(sink)
+    reader.feed(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\npart")
+    reader.feed_eof()
+    assert sink.events[-3:] == [("body", b"part"), ("last chunk",), ("complete", False)]
+    reader.feed_eof()  # told once
+    assert len(sink.events) == 5
+    framed = Sink()
+    reader = framed.reader = reader_class(framed)
+    reader.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\npart")
+    reader.feed_eof()  # cut short: not complete, the connection's loss tells the exchange
+    assert framed.events[-1] == ("body", b"part")
 
 
 @pytest.mark.parametrize("reader_class", RESPONSE_READERS)
