@@ -51,6 +51,7 @@ cdef class Exchange(ResponseListener):
     cdef public bint first_chunk_seen
     cdef public str last_failure
 
+    cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key) except *
     cpdef void _move(self, object stage) except *
     cpdef void start(self)
     @cython.locals(table=_fastpath.EndpointTable)

@@ -84,6 +84,11 @@ class Exchange(ResponseListener):
     """Attributes and the C-level methods are typed in exchange.pxd."""
 
     def __init__(self, client, target, request, request_id, key=0):
+        self.begin(client, target, request, request_id, key)
+
+    def begin(self, client, target, request, request_id, key) -> None:
+        """What __init__ does, as a C call: the front makes its exchanges with
+        `Exchange.__new__` and this, without Python's call protocol."""
         # Read through the typed attributes, not locals: compiled, these are C accesses.
         self.client = client
         self.ctx = self.client.ctx

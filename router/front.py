@@ -123,7 +123,9 @@ class ClientConnection(ClientSide):
             key = 0
             if mode != OFF:
                 key = affinity.affinity_key(routed[2], headers, mode, ctx.affinity_prefix_chars)
-            self.exchange = exchange = Exchange(self, routed, request, request_id, key)
+            exchange = Exchange.__new__(Exchange)
+            exchange.begin(self, routed, request, request_id, key)
+            self.exchange = exchange
             ctx.metrics.in_flight += 1
             exchange.start()
             return
