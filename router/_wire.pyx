@@ -16,6 +16,7 @@ GPUROUTER_NO_EXTENSIONS=1; the differential tests hold the two to the same answe
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdlib cimport calloc, free, realloc
+from libc.stdint cimport uint64_t
 from libc.string cimport memchr, memcmp, memcpy
 
 from router.errors import REASONS, InvalidResponse, RequestRefused
@@ -96,13 +97,13 @@ cdef int buffer_add_line(
     Buffer* buffer, const char* name, Py_ssize_t name_size, const char* value, Py_ssize_t size
 ) noexcept:
     """A header line, "name: value\\r\\n"."""
-    if (
-        buffer_add(buffer, name, name_size)
-        or buffer_add(buffer, b": ", 2)
-        or buffer_add(buffer, value, size)
-        or buffer_add(buffer, b"\r\n", 2)
-    ):
+    cdef char* at = buffer_extend(buffer, name_size + size + 4)
+    if at == NULL:
         return -1
+    at = put_c(at, name, name_size)
+    at = put_c(at, b": ", 2)
+    at = put_c(at, value, size)
+    put_c(at, b"\r\n", 2)
     return 0
 
 
@@ -122,6 +123,7 @@ cdef Py_ssize_t known_sizes[KNOWN_MAX]
 cdef bint known_dropped[KNOWN_MAX]
 cdef bint known_read[KNOWN_MAX]
 cdef int known_count = 0
+cdef uint64_t known_size_mask = 0  # bit n: some known name is n bytes long (n < 64)
 cdef int content_length_index = -1
 cdef int expect_index = -1
 cdef tuple known_objects  # the same names as bytes objects: the keys of Request.headers
@@ -136,20 +138,26 @@ cdef const char* LAST_CHUNK = b"0\r\n\r\n"  # ends a chunked body
 cdef const char* answer_names[16]
 cdef Py_ssize_t answer_sizes[16]
 cdef int answer_count = 0
+cdef uint64_t answer_size_mask = 0
 cdef int answer_content_length = -1
 cdef int answer_transfer_encoding = -1
 cdef int answer_content_type = -1
 cdef tuple answer_objects
 
 
+cdef inline uint64_t size_bit(Py_ssize_t size) noexcept:
+    return (<uint64_t>1) << size if size < 64 else 0
+
+
 cdef void learn_names():
-    global known_count, content_length_index, expect_index, known_objects
+    global known_count, content_length_index, expect_index, known_objects, known_size_mask
     names = sorted(NOT_FORWARDED | READ_BY_ROUTER)
     assert len(names) <= KNOWN_MAX
     known_objects = tuple(names)
     for index, name in enumerate(known_objects):
         known_names[index] = PyBytes_AS_STRING(name)
         known_sizes[index] = PyBytes_GET_SIZE(name)
+        known_size_mask |= size_bit(known_sizes[index])
         known_dropped[index] = name in NOT_FORWARDED
         known_read[index] = name in READ_BY_ROUTER
         if name == b"content-length":
@@ -158,12 +166,13 @@ cdef void learn_names():
             expect_index = index
     known_count = len(names)
     global answer_count, answer_content_length, answer_transfer_encoding, answer_content_type
-    global answer_objects
+    global answer_objects, answer_size_mask
     answer_objects = tuple(sorted(NOT_RELAYED | {b"content-type"}))
     assert len(answer_objects) <= 16
     for index, name in enumerate(answer_objects):
         answer_names[index] = PyBytes_AS_STRING(name)
         answer_sizes[index] = PyBytes_GET_SIZE(name)
+        answer_size_mask |= size_bit(answer_sizes[index])
     answer_count = len(answer_objects)
     answer_content_length = answer_objects.index(b"content-length")
     answer_transfer_encoding = answer_objects.index(b"transfer-encoding")
@@ -186,6 +195,8 @@ cdef bint same_lower(const char* text, const char* lower, Py_ssize_t size) noexc
 cdef int answer_index(const char* name, Py_ssize_t size) noexcept:
     """The answer header `name` (any case) in answer_names, or -1."""
     cdef int index
+    if not answer_size_mask & size_bit(size):  # most names: no known one is this long
+        return -1
     for index in range(answer_count):
         if answer_sizes[index] == size and same_lower(name, answer_names[index], size):
             return index
@@ -194,6 +205,8 @@ cdef int answer_index(const char* name, Py_ssize_t size) noexcept:
 
 cdef int known_index(const char* name, Py_ssize_t size) noexcept:
     cdef int index
+    if not known_size_mask & size_bit(size):
+        return -1
     for index in range(known_count):
         if known_sizes[index] == size and memcmp(known_names[index], name, size) == 0:
             return index
