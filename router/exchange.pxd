@@ -52,6 +52,7 @@ cdef class Exchange(ResponseListener):
     cdef public str last_failure
 
     cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key) except *
+    @cython.locals(allowed=long, to=long)
     cpdef void _move(self, object stage) except *
     cpdef void start(self)
     @cython.locals(table=_fastpath.EndpointTable)

@@ -113,7 +113,8 @@ class Exchange(ResponseListener):
         self.last_failure = ""
 
     def _move(self, stage: Stage) -> None:
-        if not _ALLOWED[self.stage] >> stage & 1:
+        allowed, to = _ALLOWED[self.stage], stage  # compiled: C integers
+        if not allowed >> to & 1:
             raise LifecycleError(f"exchange cannot go from {self.stage.name} to {stage.name}")
         self.stage = stage
 
