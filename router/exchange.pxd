@@ -14,6 +14,7 @@ cdef class Exchange
 cdef class ClientSide:
     cdef public ProxyContext ctx
     cdef public object transport
+    cdef public object write  # transport.write
     cdef public bytes peer
     cdef public Exchange exchange
     cdef public bint closed

@@ -39,6 +39,7 @@ class ClientConnection(ClientSide):
     def __init__(self, ctx: ProxyContext) -> None:
         self.ctx = ctx
         self.transport: asyncio.Transport | None = None
+        self.write = None
         self.peer = b""
         self.pending: list = []  # requests read whole, waiting their turn (a few at most)
         config = ctx.config
@@ -53,6 +54,7 @@ class ClientConnection(ClientSide):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.write = transport.write  # per answer: the bound method, looked up once
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -20,6 +20,7 @@ cdef class ResponseListener:
 cdef class UpstreamConnection(AnswerSink):
     cdef public UpstreamPool pool
     cdef public object transport
+    cdef public object write  # transport.write
     cdef public _wire.ResponseReader reader
     cdef public ResponseListener listener
     cdef public bint closed

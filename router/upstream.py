@@ -44,6 +44,7 @@ class UpstreamConnection(AnswerSink):
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
+        self.write = None
         self.reader = ResponseReader(self)
         self.listener: ResponseListener | None = None
         self.closed = False
@@ -52,6 +53,7 @@ class UpstreamConnection(AnswerSink):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.write = transport.write  # per request: the bound method, looked up once
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -63,7 +65,7 @@ class UpstreamConnection(AnswerSink):
         if self.closed:
             return False
         try:
-            self.transport.write(request)
+            self.write(request)
         except RuntimeError:  # uvloop: the handle closed under us
             return False
         self.listener = listener
