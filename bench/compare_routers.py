@@ -1,7 +1,7 @@
 """Compare gpurouter with nginx and the Rust routers on the same backend, one core each.
 
     python bench/compare_routers.py [--seconds 10] [--connections 64] [--workers 1]
-        [--mode json|sse|streams] [--tokens 64] [--streams 10000]
+        [--mode json|sse|streams] [--tokens 64] [--streams 10000] [--rounds 1]
         [--with-relay] [--vllm-router PATH] [--sglang-router PATH]
 
 Not part of CI. The backend is bench/fixed_upstream.py (fixed answers, fast enough not to be
@@ -15,6 +15,10 @@ not installed are skipped. Keep-alive connections on both sides.
 - sse: `--tokens` SSE events per answer, each written on its own; chunks/s per core.
 - streams: `--streams` streaming requests held open at once, one slow event a second; the
   proxy's resident memory per open stream (RSS after they opened minus before, over N).
+
+`--rounds N` (json, sse) runs every contender N times in turn and shows each one's median
+round, then gpurouter's rate per core over nginx's round by round: on a shared machine one
+round's ratio can move by a tenth with what else runs.
 """
 
 from __future__ import annotations
@@ -314,6 +318,9 @@ def main() -> int:
         action="store_true",
         help="also a uvloop TCP relay that parses nothing: the ceiling of Python protocols",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="json, sse: run the contenders this many times"
+    )
     parser.add_argument("--vllm-router")
     parser.add_argument("--sglang-router")
     args = parser.parse_args()
@@ -346,25 +353,61 @@ def main() -> int:
                 other_cpus,
             )  # fmt: skip
             rows.append(("direct", direct, None))
-        for name, argv in contenders(backend_url, work, args).items():
-            port = free_port()
-            proc = start(pinned(proxy_cpus, argv(port)), work / f"{name}.log", cwd=ROOT)
-            url = f"http://127.0.0.1:{port}/v1/completions"
-            try:
-                wait_port(port, 60)
-                time.sleep(1.0)  # health checks of the Rust routers, warm-up
-                if args.mode == "streams":
-                    rows.append((name, memory_per_stream(proc, url, args, other_cpus), None))
-                else:
-                    rows.append((name, *throughput(name, proc, url, args, work, other_cpus)))
-            except Exception as exc:  # one contender failing does not stop the table
-                rows.append((name, {"error": f"{exc}; see {work / (name + '.log')}"}, None))
-            finally:
-                stop(proc)
+        rounds = 1 if args.mode == "streams" else args.rounds
+        by_contender: dict[str, list] = {}
+        for _ in range(rounds):
+            for name, argv in contenders(backend_url, work, args).items():
+                by_contender.setdefault(name, []).append(
+                    measure(name, argv, proxy_cpus, other_cpus, work, args)
+                )
+        rows += [(name, *median_round(results)) for name, results in by_contender.items()]
     finally:
         stop(backend)
     print_table(rows, args)
+    if rounds > 1:
+        print_ratios(by_contender)
     return 0
+
+
+def measure(name, argv, proxy_cpus, other_cpus, work, args) -> tuple[dict, float | None]:
+    port = free_port()
+    proc = start(pinned(proxy_cpus, argv(port)), work / f"{name}.log", cwd=ROOT)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    try:
+        wait_port(port, 60)
+        time.sleep(1.0)  # health checks of the Rust routers, warm-up
+        if args.mode == "streams":
+            return memory_per_stream(proc, url, args, other_cpus), None
+        return throughput(name, proc, url, args, work, other_cpus)
+    except Exception as exc:  # one contender failing does not stop the table
+        return {"error": f"{exc}; see {work / (name + '.log')}"}, None
+    finally:
+        stop(proc)
+
+
+def per_core(result: tuple[dict, float | None]) -> float:
+    answers, cores = result
+    return answers["rps"] / cores if "rps" in answers and cores else 0.0
+
+
+def median_round(results: list) -> tuple[dict, float | None]:
+    """The round whose rate per core is the median one (the lower middle of an even count)."""
+    ranked = sorted(results, key=per_core)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def print_ratios(by_contender: dict[str, list]) -> None:
+    if "gpurouter" not in by_contender or "nginx" not in by_contender:
+        return
+    ratios = [
+        per_core(ours) / per_core(theirs)
+        for ours, theirs in zip(by_contender["gpurouter"], by_contender["nginx"], strict=True)
+        if per_core(theirs)
+    ]
+    if ratios:
+        listed = " ".join(f"{r:.2f}" for r in ratios)
+        middle = sorted(ratios)[(len(ratios) - 1) // 2]
+        print(f"\ngpurouter / nginx per core, round by round: {listed} (median {middle:.2f})")
 
 
 def print_table(rows, args) -> None:
