@@ -47,6 +47,7 @@ cdef class ResponseReader:
     cdef readonly bint length_given, sse, headers_done, framed
     cdef readonly bint body_begun  # some of this answer's body has been read
     cdef bint interim
+    cdef Py_ssize_t head_bytes
     cdef object failure
 
     cpdef int feed(self, bytes data) except -1
@@ -56,6 +57,7 @@ cdef class ResponseReader:
     cdef void write_client_head(self, char* at, bytes request_id, bint close) noexcept
     cpdef void feed_eof(self) except *
     cdef int pass_body(self) except -1
+    cdef int keep_head(self, Buffer* buffer, const char* at, Py_ssize_t size) noexcept
     cdef int keep_body(self, const char* at, Py_ssize_t size) noexcept
     cdef int take_header(self) noexcept
 

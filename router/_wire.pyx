@@ -20,7 +20,7 @@ from libc.stdint cimport uint64_t
 from libc.string cimport memchr, memcmp, memcpy
 
 from router.errors import REASONS, InvalidResponse, RequestRefused
-from router.forwarding import NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
+from router.forwarding import MAX_ANSWER_HEAD_BYTES, NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
 
 
 cdef extern from "llhttp.h":
@@ -132,6 +132,7 @@ cdef llhttp_settings_t request_settings
 cdef llhttp_settings_t response_settings
 cdef const char* HEX_DIGITS = b"0123456789abcdef"
 cdef const char* LAST_CHUNK = b"0\r\n\r\n"  # ends a chunked body
+cdef Py_ssize_t answer_head_limit = MAX_ANSWER_HEAD_BYTES
 
 # The answer's headers the router looks at, lower case: all but content-type are not relayed as
 # they came (content-length is written again, as the router frames the answer itself).
@@ -567,8 +568,20 @@ cdef class ResponseReader:
             return 0
         if self.failure is not None:
             failure, self.failure = self.failure, None
+            if isinstance(failure, InvalidResponse):
+                raise failure
             raise InvalidResponse("the router failed on this answer") from failure
         raise InvalidResponse(llhttp_get_error_reason(<llhttp_t*>self.parser).decode("latin-1"))
+
+    cdef int keep_head(self, Buffer* buffer, const char* at, Py_ssize_t size) noexcept:
+        """A piece of the answer's head: counted against MAX_ANSWER_HEAD_BYTES, and kept."""
+        self.head_bytes += size
+        if self.head_bytes > answer_head_limit:
+            self.failure = InvalidResponse(
+                f"the answer's head is larger than {MAX_ANSWER_HEAD_BYTES} bytes"
+            )
+            return -1
+        return buffer_add(buffer, at, size)
 
     cdef int pass_body(self) except -1:
         """The body read so far goes to the sink, in one bytes object."""
@@ -673,6 +686,7 @@ cdef int on_message_complete(llhttp_t* parser) noexcept:
 cdef int answer_begins(llhttp_t* parser) noexcept:
     cdef ResponseReader reader = <ResponseReader>parser.data
     reader.reason_.size = reader.name.size = reader.value.size = 0
+    reader.head_bytes = 0
     buffer_reset(&reader.relayed)
     reader.length_given = reader.sse = reader.headers_done = reader.framed = False
     reader.body_begun = False
@@ -680,15 +694,15 @@ cdef int answer_begins(llhttp_t* parser) noexcept:
 
 
 cdef int answer_reason(llhttp_t* parser, const char* at, size_t size) noexcept:
-    return buffer_add(&(<ResponseReader>parser.data).reason_, at, size)
+    return (<ResponseReader>parser.data).keep_head(&(<ResponseReader>parser.data).reason_, at, size)
 
 
 cdef int answer_header_name(llhttp_t* parser, const char* at, size_t size) noexcept:
-    return buffer_add(&(<ResponseReader>parser.data).name, at, size)
+    return (<ResponseReader>parser.data).keep_head(&(<ResponseReader>parser.data).name, at, size)
 
 
 cdef int answer_header_value(llhttp_t* parser, const char* at, size_t size) noexcept:
-    return buffer_add(&(<ResponseReader>parser.data).value, at, size)
+    return (<ResponseReader>parser.data).keep_head(&(<ResponseReader>parser.data).value, at, size)
 
 
 cdef int answer_header_done(llhttp_t* parser) noexcept:

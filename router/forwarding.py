@@ -40,5 +40,9 @@ READ_BY_ROUTER = frozenset(
 )
 NOT_RELAYED = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 CHUNK_END = b"0\r\n\r\n"
+# A replica's answer whose head (status line and headers) is larger is refused: a 502 for the
+# client, or the next replica. Engines send a few hundred bytes; the router keeps the whole
+# head in memory.
+MAX_ANSWER_HEAD_BYTES = 64 * 1024
 # Connection header values that name no other header: nothing more to drop.
 CONNECTION_WITHOUT_NAMES = frozenset({b"keep-alive", b"close"})

@@ -6,7 +6,13 @@ from __future__ import annotations
 import httptools
 
 from router.errors import REASONS, InvalidResponse, RequestRefused
-from router.forwarding import CHUNK_END, NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
+from router.forwarding import (
+    CHUNK_END,
+    MAX_ANSWER_HEAD_BYTES,
+    NOT_FORWARDED,
+    NOT_RELAYED,
+    READ_BY_ROUTER,
+)
 
 
 class Request:
@@ -142,6 +148,7 @@ class ResponseReader:
         self.length_given = self.sse = self.headers_done = self.framed = False
         self.body_begun = False  # some of this answer's body has been read
         self.interim = False
+        self.head_bytes = 0
         self.body: list[bytes] = []
 
     def client_head(self, request_id: bytes, close: bool) -> bytes:
@@ -180,6 +187,8 @@ class ResponseReader:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, InvalidResponse):
+                raise exc.__context__ from None
             raise InvalidResponse("the router failed on this answer") from exc.__context__
         except httptools.HttpParserError as exc:
             self._pass_body()
@@ -200,14 +209,22 @@ class ResponseReader:
 
     def on_message_begin(self) -> None:
         self.reason = b""
+        self.head_bytes = 0
         self.relayed: list[bytes] = []
         self.length_given = self.sse = self.headers_done = self.framed = False
         self.body_begun = False
 
+    def _count_answer_head(self, size: int) -> None:
+        self.head_bytes += size
+        if self.head_bytes > MAX_ANSWER_HEAD_BYTES:
+            raise InvalidResponse(f"the answer's head is larger than {MAX_ANSWER_HEAD_BYTES} bytes")
+
     def on_status(self, reason: bytes) -> None:
+        self._count_answer_head(len(reason))
         self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_answer_head(len(name) + len(value))
         lower = name.lower()
         if lower in NOT_RELAYED:
             if lower == b"content-length":

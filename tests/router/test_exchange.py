@@ -14,6 +14,7 @@ import pytest
 
 from router.context import ProxyConfig, ProxyContext
 from router.exchange import CONNECT, DONE, PICK, RELAY, SEND, Exchange, LifecycleError
+from router.forwarding import MAX_ANSWER_HEAD_BYTES
 from router.fastpath import EndpointTable
 from router.front import ClientConnection
 from router.upstream import UpstreamConnection, UpstreamPool
@@ -337,5 +338,24 @@ def test_the_first_token_is_timed_at_the_first_body_not_at_the_head():
         assert first_token.count == 1
         exchange.upstream.connection_lost(None)
         assert exchange.stage is DONE and rig.transport.data.endswith(b"0\r\n\r\n")
+
+    run(body)
+
+
+def test_a_replica_whose_answer_head_is_too_large_is_dropped_for_another():
+    async def body():
+        rig = Rig()
+        exchange = rig.send()
+        await settle()
+        first = rig.replica_of(exchange)
+        connection = exchange.upstream
+        too_large = b"x-big: %s\r\n" % (b"v" * MAX_ANSWER_HEAD_BYTES)
+        rig.answer(exchange, b"HTTP/1.1 200 OK\r\n" + too_large)
+        assert connection.closed and rig.transport.data == b""  # nothing relayed
+        await settle()
+        assert exchange.stage is SEND and rig.replica_of(exchange) != first
+        assert rig.ctx.metrics.upstream_errors == {("m", "reset"): 1}
+        rig.answer(exchange)
+        assert rig.status() == 200 and rig.nothing_in_flight()
 
     run(body)

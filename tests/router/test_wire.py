@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from router import _wire, wire_py
 from router.errors import InvalidResponse, RequestRefused
+from router.forwarding import MAX_ANSWER_HEAD_BYTES
 from router.sink import AnswerSink
 
 READERS = [_wire.RequestReader, wire_py.RequestReader]
@@ -525,3 +526,21 @@ def test_an_empty_forwarded_for_is_replaced_by_the_peer():
         )
         sent = pending[0].upstream(b"", b"h", b"", b"127.0.0.9", b"rid")
         assert b"\r\nx-forwarded-for: 127.0.0.9\r\n" in sent, sent
+
+
+@pytest.mark.parametrize("reader_class", RESPONSE_READERS)
+def test_an_answer_head_over_the_limit_is_refused_and_one_under_it_is_not(reader_class):
+    def answer_with_header_of(size: int) -> bytes:
+        # What counts: the reason ("OK"), then each header's name and value.
+        value = b"v" * (size - len(b"OK") - len(b"x-big"))
+        return b"HTTP/1.1 200 OK\r\nx-big: %s\r\ncontent-length: 0\r\n\r\n" % value
+
+    limit = MAX_ANSWER_HEAD_BYTES - len(b"content-length") - 1
+    events, error, _, _ = read_answers(reader_class, answer_with_header_of(limit))
+    assert error is None and events[-1] == ("complete", True)
+    # Refused whole or in pieces, before the rest of the head is kept.
+    big = answer_with_header_of(MAX_ANSWER_HEAD_BYTES + 1)
+    for pieces in ((big,), (big[:40_000], big[40_000:])):
+        events, error, _, _ = read_answers(reader_class, *pieces)
+        assert error == f"the answer's head is larger than {MAX_ANSWER_HEAD_BYTES} bytes"
+        assert events == []
