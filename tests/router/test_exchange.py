@@ -14,8 +14,8 @@ import pytest
 
 from router.context import ProxyConfig, ProxyContext
 from router.exchange import CONNECT, DONE, PICK, RELAY, SEND, Exchange, LifecycleError
-from router.forwarding import MAX_ANSWER_HEAD_BYTES
 from router.fastpath import EndpointTable
+from router.forwarding import MAX_ANSWER_HEAD_BYTES
 from router.front import ClientConnection
 from router.upstream import UpstreamConnection, UpstreamPool
 
