@@ -215,6 +215,8 @@ class ResponseReader:
         self.body_begun = False
 
     def _count_answer_head(self, size: int) -> None:
+        # httptools tells of a header once it is whole: the limit holds per header here, where
+        # the C reader counts the bytes as they arrive.
         self.head_bytes += size
         if self.head_bytes > MAX_ANSWER_HEAD_BYTES:
             raise InvalidResponse(f"the answer's head is larger than {MAX_ANSWER_HEAD_BYTES} bytes")

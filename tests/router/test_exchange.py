@@ -350,7 +350,7 @@ def test_a_replica_whose_answer_head_is_too_large_is_dropped_for_another():
         first = rig.replica_of(exchange)
         connection = exchange.upstream
         too_large = b"x-big: %s\r\n" % (b"v" * MAX_ANSWER_HEAD_BYTES)
-        rig.answer(exchange, b"HTTP/1.1 200 OK\r\n" + too_large)
+        rig.answer(exchange, b"HTTP/1.1 200 OK\r\n" + too_large + b"content-length: 0\r\n\r\n")
         assert connection.closed and rig.transport.data == b""  # nothing relayed
         await settle()
         assert exchange.stage is SEND and rig.replica_of(exchange) != first
