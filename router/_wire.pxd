@@ -41,7 +41,7 @@ cdef class RequestReader:
 
 cdef class ResponseReader:
     cdef void* parser
-    cdef Buffer reason_, name, value, relayed, body
+    cdef Buffer reason, name, value, relayed, body
     cdef AnswerSink sink
     cdef readonly int status
     cdef readonly bint length_given, sse, headers_done, framed
@@ -51,11 +51,10 @@ cdef class ResponseReader:
     cdef object failure
 
     cpdef int feed(self, bytes data) except -1
-    cpdef bytes client_head(self, bytes request_id, bint close)
     cpdef void relay_head(self, bytes request_id, bint close) except *
     cdef Py_ssize_t client_head_size(self, bytes request_id, bint close) noexcept
     cdef void write_client_head(self, char* at, bytes request_id, bint close) noexcept
-    cpdef void feed_eof(self) except *
+    cpdef bint feed_eof(self) except -1
     cdef int pass_body(self) except -1
     cdef int keep_head(self, Buffer* buffer, const char* at, Py_ssize_t size) noexcept
     cdef int keep_body(self, const char* at, Py_ssize_t size) noexcept

@@ -465,28 +465,12 @@ cdef class ResponseReader:
     Interim answers (1xx but 101) are read and dropped. `feed` raises InvalidResponse for what
     is not HTTP."""
 
-    @property
-    def head(self):
-        """The header lines of the answer to relay, as the client gets them."""
-        return PyBytes_FromStringAndSize(self.relayed.data, self.relayed.size)
-
-    @property
-    def reason(self):
-        return PyBytes_FromStringAndSize(self.reason_.data, self.reason_.size)
-
-    cpdef bytes client_head(self, bytes request_id, bint close):
-        """The head the client gets, in one bytes object: the replica's status line (its reason,
-        or the usual one), the relayed lines, chunked framing when the answer has no length,
-        `connection: close` when the client's connection ends with it, the request id."""
-        if request_id is None:
-            raise TypeError("the request id is bytes")
-        data = PyBytes_FromStringAndSize(NULL, self.client_head_size(request_id, close))
-        self.write_client_head(PyBytes_AS_STRING(data), request_id, close)
-        return data
-
     cpdef void relay_head(self, bytes request_id, bint close) except *:
-        """The client head goes out ahead of the body: in the same `answer_body` as the body
-        this read brings, or alone at the end of the read when it brought none."""
+        """The head the client gets goes out ahead of the body: in the same `answer_body` as
+        the body this read brings, or alone at the end of the read when it brought none. It
+        is the replica's status line (its reason, or the usual one), the relayed lines,
+        chunked framing when the answer has no length, `connection: close` when the client's
+        connection ends with it, and the request id."""
         if request_id is None:
             raise TypeError("the request id is bytes")
         cdef char* room = buffer_extend(&self.body, self.client_head_size(request_id, close))
@@ -496,7 +480,7 @@ cdef class ResponseReader:
 
     cdef Py_ssize_t client_head_size(self, bytes request_id, bint close) noexcept:
         cdef char status[8]
-        cdef Py_ssize_t reason_size = self.reason_.size
+        cdef Py_ssize_t reason_size = self.reason.size
         if reason_size == 0:
             reason_size = PyBytes_GET_SIZE(<bytes>REASONS.get(self.status, b""))
         return (
@@ -511,10 +495,10 @@ cdef class ResponseReader:
         at = put_c(at, b"HTTP/1.1 ", 9)
         at = put_c(at, status, status_size)
         at = put_c(at, b" ", 1)
-        if self.reason_.size == 0:
+        if self.reason.size == 0:
             at = put(at, <bytes>REASONS.get(self.status, b""))
         else:
-            at = put_c(at, self.reason_.data, self.reason_.size)
+            at = put_c(at, self.reason.data, self.reason.size)
         at = put_c(at, b"\r\n", 2)
         at = put_c(at, self.relayed.data, self.relayed.size)
         if not self.length_given:
@@ -525,16 +509,17 @@ cdef class ResponseReader:
         at = put(at, request_id)
         put_c(at, b"\r\n\r\n", 4)
 
-    cpdef void feed_eof(self) except *:
+    cpdef bint feed_eof(self) except -1:
         """The replica closed the connection: an answer whose body runs to the close (neither
-        length nor chunks) is complete; any other is not, and nothing is told."""
+        length nor chunks) is complete, and True; any other is not, and nothing is told."""
         if not self.headers_done or self.framed:
-            return
+            return False
         self.headers_done = False
         if buffer_add(&self.body, LAST_CHUNK, 5):
             raise MemoryError()
         self.pass_body()
         self.sink.answer_complete(False)
+        return True
 
     def __cinit__(self):
         cdef llhttp_t* parser = <llhttp_t*>calloc(1, sizeof(llhttp_t))
@@ -549,7 +534,7 @@ cdef class ResponseReader:
 
     def __dealloc__(self):
         free(self.parser)
-        free(self.reason_.data)
+        free(self.reason.data)
         free(self.name.data)
         free(self.value.data)
         free(self.relayed.data)
@@ -625,8 +610,9 @@ cdef class ResponseReader:
         return -1 if failed else 0
 
 
-# llhttp's callbacks: C functions that find their reader in parser.data. A non-zero return
-# stops the parser; `feed` then raises the refusal the reader recorded.
+# llhttp's callbacks: C functions that find their reader in parser.data (cast in place where a
+# callback is one call: a typed local would add a reference count per piece of a head). A
+# non-zero return stops the parser; `feed` then raises the refusal the reader recorded.
 
 cdef int on_message_begin(llhttp_t* parser) noexcept:
     cdef RequestReader reader = <RequestReader>parser.data
@@ -685,7 +671,7 @@ cdef int on_message_complete(llhttp_t* parser) noexcept:
 
 cdef int answer_begins(llhttp_t* parser) noexcept:
     cdef ResponseReader reader = <ResponseReader>parser.data
-    reader.reason_.size = reader.name.size = reader.value.size = 0
+    reader.reason.size = reader.name.size = reader.value.size = 0
     reader.head_bytes = 0
     buffer_reset(&reader.relayed)
     reader.length_given = reader.sse = reader.headers_done = reader.framed = False
@@ -694,7 +680,7 @@ cdef int answer_begins(llhttp_t* parser) noexcept:
 
 
 cdef int answer_reason(llhttp_t* parser, const char* at, size_t size) noexcept:
-    return (<ResponseReader>parser.data).keep_head(&(<ResponseReader>parser.data).reason_, at, size)
+    return (<ResponseReader>parser.data).keep_head(&(<ResponseReader>parser.data).reason, at, size)
 
 
 cdef int answer_header_name(llhttp_t* parser, const char* at, size_t size) noexcept:

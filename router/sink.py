@@ -7,8 +7,8 @@ from __future__ import annotations
 
 class AnswerSink:
     def answer_head(self, status: int) -> None:
-        """The answer's head is read: the reader's `client_head()`, `length_given` and `sse`
-        tell of it."""
+        """The answer's head is read: the reader's `length_given` and `sse` tell of it, and
+        its `relay_head()` sends the client its head."""
         raise NotImplementedError
 
     def answer_body(self, data: bytes) -> None:

@@ -105,10 +105,8 @@ class UpstreamConnection(AnswerSink):
         self.pool.forget(self)
         if self.listener is None:
             return
-        if self.reader.headers_done and not self.reader.framed:
-            # A body with neither length nor chunks ends with the connection: it is complete.
-            self.reader.feed_eof()
-            return
+        if self.reader.feed_eof():
+            return  # a body with neither length nor chunks ends with the connection
         listener, self.listener = self.listener, None
         if listener is not None:
             listener.upstream_lost(

@@ -137,8 +137,7 @@ class RequestReader:
 
 class ResponseReader:
     """`router._wire.ResponseReader` on httptools: the same calls to `sink`, the same
-    `client_head`, `relay_head`, `feed_eof`, `length_given`, `sse`, `headers_done` and
-    `framed`."""
+    `relay_head`, `feed_eof`, `length_given`, `sse`, `headers_done` and `framed`."""
 
     def __init__(self, sink) -> None:
         self.parser = httptools.HttpResponseParser(self)
@@ -151,12 +150,10 @@ class ResponseReader:
         self.head_bytes = 0
         self.body: list[bytes] = []
 
-    def client_head(self, request_id: bytes, close: bool) -> bytes:
-        """The head the client gets, in one bytes object: the replica's status line (its reason,
-        or the usual one), the relayed lines, chunked framing when the answer has no length,
-        `connection: close` when the client's connection ends with it, the request id."""
+    def relay_head(self, request_id: bytes, close: bool) -> None:
+        """The head the client gets goes out ahead of the body (`router._wire`'s)."""
         reason = self.reason or REASONS.get(self.status, b"")
-        return b"".join(
+        head = b"".join(
             (
                 b"HTTP/1.1 %d %s\r\n" % (self.status, reason),
                 self.head,
@@ -167,21 +164,18 @@ class ResponseReader:
                 b"\r\n\r\n",
             )
         )
+        self.body.append(head)
 
-    def relay_head(self, request_id: bytes, close: bool) -> None:
-        """The client head goes out ahead of the body: in the same `answer_body` as the body
-        this read brings, or alone at the end of the read when it brought none."""
-        self.body.append(self.client_head(request_id, close))
-
-    def feed_eof(self) -> None:
+    def feed_eof(self) -> bool:
         """The replica closed the connection: an answer whose body runs to the close (neither
-        length nor chunks) is complete; any other is not, and nothing is told."""
+        length nor chunks) is complete, and True; any other is not, and nothing is told."""
         if not self.headers_done or self.framed:
-            return
+            return False
         self.headers_done = False
         self.body.append(CHUNK_END)
         self._pass_body()
         self.sink.answer_complete(False)
+        return True
 
     def feed(self, data: bytes) -> int:
         try:

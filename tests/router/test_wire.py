@@ -239,28 +239,29 @@ def dechunk(data: bytes) -> tuple[bytes, bool]:
 
 
 class Sink(AnswerSink):
-    """Records what a response reader tells its connection: the body as its content, unframed
-    (where reads split it decides where the relayed chunks are cut)."""
+    """Records what a response reader tells its connection: the head the client gets, and
+    the body as its content, unframed (where reads split it decides where the relayed chunks
+    are cut)."""
 
     def __init__(self) -> None:
         self.events: list = []
         self.reader = None
         self.reads_with_body = 0
-        self.head_to_come = b""
+        self.head_to_come = False
 
     def answer_head(self, status):
-        head = self.reader
-        self.events.append(("head", status, head.reason, head.head, head.length_given, head.sse))
-        client_head = head.client_head(b"rid", close=status >= 500)
-        self.events.append(("client head", client_head))
-        head.relay_head(b"rid", status >= 500)
-        self.head_to_come = client_head
+        reader = self.reader
+        self.events.append(("head", status, reader.length_given, reader.sse))
+        reader.relay_head(b"rid", status >= 500)
+        self.head_to_come = True
 
     def answer_body(self, data):
         self.reads_with_body += 1
-        if self.head_to_come:
-            assert data.startswith(self.head_to_come), "the relayed head goes first, whole"
-            data, self.head_to_come = data[len(self.head_to_come) :], b""
+        if self.head_to_come:  # first, whole, in the read that ended the head
+            head, end, data = data.partition(b"\r\n\r\n")
+            assert end, data
+            self.events.append(("client head", head + end))
+            self.head_to_come = False
         ended = False
         if not self.reader.length_given:
             data, ended = dechunk(data)
@@ -304,14 +305,7 @@ def test_an_answer_head_keeps_what_is_relayed_and_says_how_it_is_framed(reader_c
     events, error, _, _ = read_answers(reader_class, ANSWER)
     assert error is None
     assert events == [
-        (
-            "head",
-            200,
-            b"OK",
-            b"Content-Type: text/event-stream; charset=utf-8\r\nServer: engine\r\n",
-            False,
-            True,
-        ),
+        ("head", 200, False, True),
         (
             "client head",
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
@@ -320,7 +314,7 @@ def test_an_answer_head_keeps_what_is_relayed_and_says_how_it_is_framed(reader_c
         ("body", b"data: 1\n"),
         ("last chunk",),
         ("complete", True),
-        ("head", 404, b"Not Found", b"content-length: 2\r\n", True, False),
+        ("head", 404, True, False),
         (
             "client head",
             b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nx-request-id: rid\r\n\r\n",
@@ -384,14 +378,14 @@ def test_the_close_ends_an_unframed_answer_and_nothing_else(reader_class):
     sink = Sink()
     reader = sink.reader = reader_class(sink)
     reader.feed(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\npart")
-    reader.feed_eof()
+    assert reader.feed_eof()
     assert sink.events[-3:] == [("body", b"part"), ("last chunk",), ("complete", False)]
-    reader.feed_eof()  # told once
+    assert not reader.feed_eof()  # told once
     assert len(sink.events) == 5
     framed = Sink()
     reader = framed.reader = reader_class(framed)
     reader.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\npart")
-    reader.feed_eof()  # cut short: not complete, the connection's loss tells the exchange
+    assert not reader.feed_eof()  # cut short: the connection's loss tells the exchange
     assert framed.events[-1] == ("body", b"part")
 
 
@@ -483,7 +477,7 @@ def test_interim_answers_are_dropped_and_the_answer_that_follows_is_read(reader_
     )
     assert error is None
     assert events == [
-        ("head", 200, b"OK", b"content-length: 2\r\n", True, False),
+        ("head", 200, True, False),
         ("client head", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-request-id: rid\r\n\r\n"),
         ("body", b"ok"),
         ("complete", True),
