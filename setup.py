@@ -65,6 +65,7 @@ llhttp = fetch_llhttp()
 (ROOT / "router" / "LICENSE-llhttp").write_bytes((llhttp / "LICENSE-MIT").read_bytes())
 extensions = [
     Extension("router._fastpath", ["router/_fastpath.pyx"], extra_compile_args=flags),
+    Extension("router._bodyscan", ["router/_bodyscan.pyx"], extra_compile_args=flags),
     Extension(
         "router._wire",
         ["router/_wire.pyx", *sorted(str(c) for c in (llhttp / "src").glob("*.c"))],

@@ -27,7 +27,17 @@ def stable_key(data: bytes) -> int:
 
 
 def affinity_key(payload, headers: dict, mode: str, prefix_chars: int) -> int:
-    if mode == OFF or type(payload) is not dict:
+    """The key of a request whose body is `payload`: a dict, or the fields the body scan found
+    (which decide the key in C unless a value needs Python's str())."""
+    if mode == OFF or payload is None:
+        return 0
+    if type(payload) is not dict:  # router.bodyscan.BodyFields
+        scanned = payload
+        key = scanned.affinity_key(headers.get(b"x-session-id"), mode == PREFIX, prefix_chars)
+        if key >= 0:
+            return key
+        payload = scanned.loaded()
+    if type(payload) is not dict:
         return 0
     fields = payload  # a dict: compiled, its lookups are C calls
     session = fields.get("prompt_cache_key") or headers.get(b"x-session-id") or fields.get("user")
@@ -53,7 +63,7 @@ def prompt_prefix(payload: dict, chars: int) -> str:
                 continue
             content = message.get("content")
             if type(content) is list:  # content parts: the text ones
-                content = "".join([p.get("text", "") for p in content if type(p) is dict])
+                content = "".join([_part_text(p) for p in content])
             role = message.get("role", "")
             part = f"<|{role}|>{content or ''}"
             parts.append(part)
@@ -65,3 +75,8 @@ def prompt_prefix(payload: dict, chars: int) -> str:
     if type(prompt) is list:
         prompt = prompt[0] if prompt else ""
     return prompt[:chars] if type(prompt) is str else ""
+
+
+def _part_text(part) -> str:
+    text = part.get("text") if type(part) is dict else None
+    return text if type(text) is str else ""

@@ -13,6 +13,8 @@ from urllib.parse import parse_qs
 
 from orjson import JSONDecodeError, loads
 
+from router.bodyscan import scan_body
+
 MODEL_HEADER = b"x-gpufleet-model"
 BODYLESS_METHODS = (b"GET", b"DELETE")
 MULTIPART_FORM = b"multipart/form-data"
@@ -24,10 +26,11 @@ class Refusal(Exception):
         self.status, self.param, self.code = status, param, code
 
 
-def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[str, bool, dict]:
+def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[str, bool, object]:
     """(model, ask_each_replica, JSON payload or None): ask_each_replica when the request is for
     state held by one replica, where a 404 means "ask the next one". Refusal when the request
-    names no model."""
+    names no model. The payload is the scanned body's fields (`router.bodyscan.BodyFields`)
+    where the scan vouches for the body, else the body parsed as a dict."""
     if method == b"POST":
         content_type = headers.get(b"content-type", b"")
         # The first letter alone rules out JSON (nearly every request) without a lower().
@@ -37,6 +40,9 @@ def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[st
             and content_type[:19].lower() == MULTIPART_FORM
         ):
             return _model_form_field(content_type, headers, body), False, None
+        fields = scan_body(body)
+        if fields is not None:
+            return fields.model, False, fields
         try:
             loaded = loads(body)
         except JSONDecodeError:
