@@ -62,3 +62,4 @@ cdef class ResponseReader:
 
 
 cpdef bytes numbered(bytes prefix, Py_ssize_t number)
+cpdef double monotonic() noexcept

@@ -15,7 +15,7 @@ from router.affinity import DEFAULT_PREFIX_CHARS
 from router.catalog import ModelCatalog
 from router.metrics import RouterMetrics, SharedMetrics, merge, render
 from router.upstream import UpstreamPool
-from router.wire import numbered
+from router.wire import monotonic, numbered
 
 
 @dataclass(frozen=True)  # ProxyContext keeps its own copies of the settings read per request
@@ -64,9 +64,10 @@ class ProxyContext:
         self.pools: dict[str, UpstreamPool] = {}
         self.connections: set = set()
         self.loop = asyncio.get_event_loop()
-        # Read a few times per request and by the deadline sweep. The loop's own clock is the
-        # same monotonic clock at millisecond grain, behind a slower call.
-        self.clock = time.monotonic
+        # The router's one clock: time.monotonic, which the compiled modules read as a C call
+        # (router.wire.monotonic). The loop's own clock is the same one at millisecond grain,
+        # behind a slower call.
+        self.clock = monotonic
         self.last_id = 0
         self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
         self.routed_models: frozenset[str] = frozenset()
@@ -93,7 +94,7 @@ class ProxyContext:
         pool = self.pools.get(url)
         if pool is None:
             pool = self.pools[url] = UpstreamPool(
-                url, self.config.connect_timeout_s, loop=self.loop, clock=self.clock
+                url, self.config.connect_timeout_s, loop=self.loop
             )
         return pool
 

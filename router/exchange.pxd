@@ -3,6 +3,7 @@
 cimport cython
 
 from router cimport _fastpath, _wire
+from router._wire cimport monotonic
 from router.context cimport ProxyContext
 from router.metrics cimport ModelStats
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool

@@ -24,6 +24,7 @@ from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
 from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
+from router.wire import monotonic
 
 log = logging.getLogger("gpurouter.exchange")
 
@@ -99,7 +100,7 @@ class Exchange(ResponseListener):
         self.ask_each_replica = target[1]
         self.request = request  # as the client sent it (router.wire.Request)
         self.request_id = request_id
-        self.started = self.ctx.clock()
+        self.started = monotonic()  # ctx.clock, as a C call when compiled
         self.key = key  # affinity: which replica's prefix cache likely holds the prompt
         self.stage = PICK
         self.slot = -1
@@ -316,7 +317,7 @@ class Exchange(ResponseListener):
             if self.ctx.table.release(slot, failed):
                 self._ejected(slot)
         self.ctx.metrics.in_flight -= 1
-        now = self.ctx.clock()
+        now = monotonic()
         self.stats.finished(status, now - self.started if self.tried else None)
         client = self.client
         if client.closed:
@@ -382,7 +383,7 @@ class Exchange(ResponseListener):
             if not self.first_chunk_seen and upstream is not None and upstream.reader.body_begun:
                 # The first of the body, not the head: engines send the head before generating.
                 self.first_chunk_seen = True
-                self.stats.first_token.observe(self.ctx.clock() - self.started)
+                self.stats.first_token.observe(monotonic() - self.started)
             self.deadline = RENEW_AT_SWEEP  # no clock read per chunk
             self._write(data)
         except Exception as exc:

@@ -3,6 +3,7 @@
 cimport cython
 
 from router cimport _wire
+from router._wire cimport monotonic
 from router.sink cimport AnswerSink
 
 
@@ -47,7 +48,6 @@ cdef class UpstreamPool:
     cdef public list idle
     cdef public set open
     cdef public object loop
-    cdef public object clock
 
     @cython.locals(conn=UpstreamConnection)
     cpdef UpstreamConnection take_idle(self, double now)

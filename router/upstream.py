@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from router.errors import InvalidResponse
 from router.sink import AnswerSink
-from router.wire import ResponseReader
+from router.wire import ResponseReader, monotonic
 
 
 class ResponseListener:
@@ -155,7 +153,6 @@ class UpstreamPool:
         max_idle: int = 256,
         max_idle_s: float = 4.0,
         loop: asyncio.AbstractEventLoop | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -175,7 +172,6 @@ class UpstreamPool:
         # The router's loop, given rather than asked for per request:
         # asyncio.get_running_loop() makes a getpid() system call each time.
         self.loop = loop
-        self.clock = clock  # the router's (ProxyContext.clock): idle times compare with it
 
     def take_idle(self, now: float) -> UpstreamConnection | None:
         """The most recently used idle connection that is still fresh."""
@@ -205,7 +201,7 @@ class UpstreamPool:
 
     def put_back(self, conn: UpstreamConnection) -> None:
         if len(self.idle) < self.max_idle:
-            conn.idle_since = self.clock()
+            conn.idle_since = monotonic()  # the router's clock (ProxyContext.clock)
             self.idle.append(conn)
         else:
             conn.close()

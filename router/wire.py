@@ -11,6 +11,7 @@ Request = _impl.Request
 RequestReader = _impl.RequestReader
 ResponseReader = _impl.ResponseReader
 numbered = _impl.numbered
+monotonic = _impl.monotonic
 USING_EXTENSION = _impl is not wire_py
 
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     "RequestReader",
     "ResponseReader",
     "USING_EXTENSION",
+    "monotonic",
     "numbered",
 ]

@@ -3,6 +3,8 @@ GPUROUTER_NO_EXTENSIONS=1 and for a checkout whose extensions were not built."""
 
 from __future__ import annotations
 
+import time
+
 import httptools
 
 from router.errors import REASONS, InvalidResponse, RequestRefused
@@ -261,6 +263,9 @@ class ResponseReader:
             self.body.append(CHUNK_END)
         self._pass_body()
         self.sink.answer_complete(self.parser.should_keep_alive())
+
+
+monotonic = time.monotonic  # the router's one clock
 
 
 def numbered(prefix: bytes, number: int) -> bytes:
