@@ -13,7 +13,9 @@ cdef class Request:
     cdef readonly bytes method
     cdef readonly bytes url
     cdef readonly bytes path  # the url without its query
-    cdef readonly dict headers
+    # The headers the router reads (forwarding.READ_FIELDS); None when the request has none.
+    cdef readonly bytes authorization, connection, content_type, x_forwarded_for
+    cdef readonly bytes x_gpufleet_model, x_request_id, x_session_id
     cdef readonly bytes forward
     cdef readonly bytes body
     cdef readonly bint keep_alive
@@ -26,7 +28,7 @@ cdef class RequestReader:
     cdef Buffer url, name, value, forward, body
     cdef list pending
     cdef Py_ssize_t max_header_bytes, max_body_bytes, header_bytes, body_bytes
-    cdef dict headers
+    cdef Request building  # the request being read, made at its first header the router reads
     cdef readonly bint mid_message
     cdef public bint continue_wanted  # the request being read expects 100 Continue
     cdef int completed

@@ -3,7 +3,7 @@
 header, on either side.
 
 - A client's request leaves one `Request`: the method, the target, the few headers the router
-  reads (a dict of lower-case names), the header lines that go on to the replica (lower-case
+  reads (an attribute each), the header lines that go on to the replica (lower-case
   names, hop-by-hop ones dropped) as one bytes object, and the body.
 - A replica's answer is told to its connection in three calls at most per read: its head (the
   lines to relay as one bytes object), the body that read brought (one bytes object, framed
@@ -21,7 +21,9 @@ from libc.string cimport memchr, memcmp, memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from router.errors import REASONS, InvalidResponse, RequestRefused
-from router.forwarding import MAX_ANSWER_HEAD_BYTES, NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER
+from router.forwarding import (
+    MAX_ANSWER_HEAD_BYTES, NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER, READ_FIELDS, headers_of,
+)
 
 
 cdef extern from "llhttp.h":
@@ -127,7 +129,12 @@ cdef int known_count = 0
 cdef uint64_t known_size_mask = 0  # bit n: some known name is n bytes long (n < 64)
 cdef int content_length_index = -1
 cdef int expect_index = -1
-cdef tuple known_objects  # the same names as bytes objects: the keys of Request.headers
+cdef int known_field[KNOWN_MAX]  # of a header the router reads: which Request field; else -1
+# The Request fields of the headers the router reads, in the order set_read_header numbers them.
+FIELD_ORDER = (
+    "authorization", "connection", "content_type", "x_forwarded_for", "x_gpufleet_model",
+    "x_request_id", "x_session_id",
+)
 cdef list method_names = [None] * 256  # bytes per llhttp method number (a byte), made on first use
 cdef llhttp_settings_t request_settings
 cdef llhttp_settings_t response_settings
@@ -152,16 +159,16 @@ cdef inline uint64_t size_bit(Py_ssize_t size) noexcept:
 
 
 cdef void learn_names():
-    global known_count, content_length_index, expect_index, known_objects, known_size_mask
-    names = sorted(NOT_FORWARDED | READ_BY_ROUTER)
+    global known_count, content_length_index, expect_index, known_size_mask
+    names = tuple(sorted(NOT_FORWARDED | READ_BY_ROUTER))
     assert len(names) <= KNOWN_MAX
-    known_objects = tuple(names)
-    for index, name in enumerate(known_objects):
+    for index, name in enumerate(names):
         known_names[index] = PyBytes_AS_STRING(name)
         known_sizes[index] = PyBytes_GET_SIZE(name)
         known_size_mask |= size_bit(known_sizes[index])
         known_dropped[index] = name in NOT_FORWARDED
         known_read[index] = name in READ_BY_ROUTER
+        known_field[index] = FIELD_ORDER.index(READ_FIELDS[name]) if known_read[index] else -1
         if name == b"content-length":
             content_length_index = index
         elif name == b"expect":
@@ -240,6 +247,11 @@ cdef class Request:
     def __repr__(self):
         return f"Request({self.method!r}, {self.url!r})"
 
+    @property
+    def headers(self):
+        """The headers the router reads that the request has, by lower-case name."""
+        return headers_of(self)
+
     cpdef bytes upstream(
         self, bytes path_prefix, bytes host, bytes forward, bytes peer, bytes request_id
     ):
@@ -252,7 +264,7 @@ cdef class Request:
             or request_id is None or self.method is None or self.url is None or self.body is None
         ):
             raise TypeError("every piece of a forwarded request is bytes")
-        cdef bytes forwarded_for = self.headers.get(b"x-forwarded-for")
+        cdef bytes forwarded_for = self.x_forwarded_for
         cdef Py_ssize_t length_size = digits_of(length, PyBytes_GET_SIZE(self.body), 10)
         cdef Py_ssize_t size = (
             PyBytes_GET_SIZE(self.method) + 1 + PyBytes_GET_SIZE(path_prefix)
@@ -286,6 +298,24 @@ cdef class Request:
         at = put_c(at, b"\r\n\r\n", 4)
         put(at, self.body)
         return data
+
+
+cdef void set_read_header(Request request, int field, bytes value) noexcept:
+    """A header the router reads (the last one of a name wins, as in a dict)."""
+    if field == 0:
+        request.authorization = value
+    elif field == 1:
+        request.connection = value
+    elif field == 2:
+        request.content_type = value
+    elif field == 3:
+        request.x_forwarded_for = value
+    elif field == 4:
+        request.x_gpufleet_model = value
+    elif field == 5:
+        request.x_request_id = value
+    elif field == 6:
+        request.x_session_id = value
 
 
 cdef inline char* put(char* at, bytes piece) noexcept:
@@ -357,7 +387,7 @@ cdef class RequestReader:
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
         self.mid_message = False
-        self.headers = None
+        self.building = None
 
     def __dealloc__(self):
         free(self.parser)
@@ -412,10 +442,11 @@ cdef class RequestReader:
         index = known_index(name.data, name.size)
         if index >= 0:
             if known_read[index]:
-                if self.headers is None:
-                    self.headers = {}
-                self.headers[known_objects[index]] = PyBytes_FromStringAndSize(
-                    value.data, value.size
+                if self.building is None:
+                    self.building = Request.__new__(Request)
+                set_read_header(
+                    self.building, known_field[index],
+                    PyBytes_FromStringAndSize(value.data, value.size),
                 )
             if index == content_length_index and more_than(
                 value.data, value.size, self.max_body_bytes
@@ -438,9 +469,12 @@ cdef class RequestReader:
         return 0
 
     cdef int take_request(self) except -1:
-        cdef Request request = Request.__new__(Request)
+        cdef Request request = self.building
         cdef int method = (<llhttp_t*>self.parser).method
         cdef const char* query
+        if request is None:
+            request = Request.__new__(Request)
+        self.building = None
         name = method_names[method]
         if name is None:
             name = method_names[method] = <bytes>llhttp_method_name(<llhttp_method_t>method)
@@ -451,7 +485,6 @@ cdef class RequestReader:
             request.path = request.url
         else:
             request.path = PyBytes_FromStringAndSize(self.url.data, query - self.url.data)
-        request.headers = self.headers if self.headers is not None else {}
         request.forward = PyBytes_FromStringAndSize(self.forward.data, self.forward.size)
         request.body = PyBytes_FromStringAndSize(self.body.data, self.body.size)
         request.keep_alive = llhttp_should_keep_alive(<llhttp_t*>self.parser)
@@ -630,7 +663,7 @@ cdef int on_message_begin(llhttp_t* parser) noexcept:
     buffer_reset(&reader.body)
     reader.name.size = reader.value.size = 0
     reader.header_bytes = reader.body_bytes = 0
-    reader.headers = None
+    reader.building = None
     reader.mid_message = True
     reader.continue_wanted = False
     return 0

@@ -6,6 +6,6 @@ from router._bodyscan cimport BodyFields
 
 cpdef object stable_key(bytes data)
 @cython.locals(fields=dict, scanned=BodyFields, key="long long")
-cpdef object affinity_key(object payload, dict headers, str mode, Py_ssize_t prefix_chars)
+cpdef object affinity_key(object payload, bytes session_id, str mode, Py_ssize_t prefix_chars)
 cpdef str prompt_prefix(dict payload, Py_ssize_t chars)
 cpdef str _part_text(object part)

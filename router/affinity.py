@@ -26,21 +26,22 @@ def stable_key(data: bytes) -> int:
     return crc32(data) + 1
 
 
-def affinity_key(payload, headers: dict, mode: str, prefix_chars: int) -> int:
-    """The key of a request whose body is `payload`: a dict, or the fields the body scan found
-    (which decide the key in C unless a value needs Python's str())."""
+def affinity_key(payload, session_id: bytes | None, mode: str, prefix_chars: int) -> int:
+    """The key of a request whose body is `payload` (a dict, or the fields the body scan found,
+    which decide the key in C unless a value needs Python's str()) and whose X-Session-Id
+    header is `session_id` (None: it has none)."""
     if mode == OFF or payload is None:
         return 0
     if type(payload) is not dict:  # router.bodyscan.BodyFields
         scanned = payload
-        key = scanned.affinity_key(headers.get(b"x-session-id"), mode == PREFIX, prefix_chars)
+        key = scanned.affinity_key(session_id, mode == PREFIX, prefix_chars)
         if key >= 0:
             return key
         payload = scanned.loaded()
     if type(payload) is not dict:
         return 0
     fields = payload  # a dict: compiled, its lookups are C calls
-    session = fields.get("prompt_cache_key") or headers.get(b"x-session-id") or fields.get("user")
+    session = fields.get("prompt_cache_key") or session_id or fields.get("user")
     if session:
         return stable_key(session if type(session) is bytes else str(session).encode())
     if mode != PREFIX:

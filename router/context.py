@@ -123,10 +123,11 @@ class ProxyContext:
     def in_flight(self) -> int:
         return sum(1 for conn in self.connections if conn.exchange is not None)
 
-    def authorised(self, headers: dict) -> bool:
+    def authorised(self, authorization: bytes | None) -> bool:
+        """Whether a request's Authorization header (None: it had none) carries a key."""
         if not self.config.api_keys:
             return True
-        given = headers.get(b"authorization", b"")
+        given = authorization or b""
         if not given.startswith(b"Bearer "):
             return False
         token = given[7:].strip()

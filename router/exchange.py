@@ -237,7 +237,7 @@ class Exchange(ResponseListener):
         """The request as it goes to the replica: hop-by-hop headers dropped, proxy ones added."""
         request = self.request
         forward = request.forward
-        connection = request.headers.get(b"connection")
+        connection = request.connection
         if connection and connection.lower() not in CONNECTION_WITHOUT_NAMES:
             # Headers the client's Connection header names are hop-by-hop too.
             named = {t.strip().lower() for t in connection.split(b",")}

@@ -38,6 +38,19 @@ READ_BY_ROUTER = frozenset(
         b"x-session-id",
     }
 )
+# Each is a Request attribute of its own: `content-type` is `request.content_type`.
+READ_FIELDS = {name: name.decode().replace("-", "_") for name in sorted(READ_BY_ROUTER)}
+
+
+def headers_of(request) -> dict[bytes, bytes]:
+    """The headers the router reads that a request has, by lower-case name, as a dict."""
+    return {
+        name: getattr(request, field)
+        for name, field in READ_FIELDS.items()
+        if getattr(request, field) is not None
+    }
+
+
 NOT_RELAYED = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 CHUNK_END = b"0\r\n\r\n"
 # A replica's answer whose head (status line and headers) is larger is refused: a 502 for the

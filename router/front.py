@@ -100,13 +100,13 @@ class ClientConnection(ClientSide):
         if self.closed or self.exchange is not None or not self.pending:
             return
         request = self.pending.pop(0)
-        method, url, headers, body = request.method, request.url, request.headers, request.body
+        method = request.method
         self.keep_alive = request.keep_alive
         ctx = self.ctx
-        request_id = headers.get(b"x-request-id") or ctx.new_request_id()
+        request_id = request.x_request_id or ctx.new_request_id()
         path = request.path
         if path.startswith(b"/v1/"):
-            if ctx.keys_required and not ctx.authorised(headers):
+            if ctx.keys_required and not ctx.authorised(request.authorization):
                 self.respond_error(
                     401, "invalid or missing API key", request_id, code="invalid_api_key"
                 )
@@ -115,7 +115,7 @@ class ClientConnection(ClientSide):
                 self.list_models(path, request_id)
                 return
             try:
-                routed = target.target_of(method, url, headers, body)
+                routed = target.target_of(request)
             except Refusal as refusal:
                 self.respond_error(
                     refusal.status, str(refusal), request_id, refusal.code, refusal.param
@@ -124,16 +124,18 @@ class ClientConnection(ClientSide):
             mode = ctx.affinity_by_model.get(routed[0], ctx.affinity)
             key = 0
             if mode != OFF:
-                key = affinity.affinity_key(routed[2], headers, mode, ctx.affinity_prefix_chars)
+                key = affinity.affinity_key(
+                    routed[2], request.x_session_id, mode, ctx.affinity_prefix_chars
+                )
             exchange = Exchange.__new__(Exchange)
             exchange.begin(self, routed, request, request_id, key)
             self.exchange = exchange
             ctx.metrics.in_flight += 1
             exchange.start()
             return
-        self.serve_own_endpoint(path, headers, request_id)
+        self.serve_own_endpoint(path, request.authorization, request_id)
 
-    def serve_own_endpoint(self, path: bytes, headers: dict, request_id: bytes) -> None:
+    def serve_own_endpoint(self, path: bytes, authorization: bytes, request_id: bytes) -> None:
         if path == b"/healthz":
             self.respond(200, b'{"status":"ok"}', request_id)
             return
@@ -142,7 +144,7 @@ class ClientConnection(ClientSide):
             self.respond(200, text, request_id, content_type=PROMETHEUS_TEXT)
             return
         if path == b"/activity":
-            if not self.ctx.authorised(headers):
+            if not self.ctx.authorised(authorization):
                 self.respond_error(
                     401, "invalid or missing API key", request_id, code="invalid_api_key"
                 )

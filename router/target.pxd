@@ -2,8 +2,9 @@
 
 cimport cython
 
+from router cimport _wire
 from router._bodyscan cimport BodyFields, scan_body
 
 
-@cython.locals(payload=dict, content_type=bytes, fields=BodyFields)
-cpdef tuple target_of(bytes method, bytes url, dict headers, bytes body)
+@cython.locals(payload=dict, content_type=bytes, fields=BodyFields, method=bytes, body=bytes)
+cpdef tuple target_of(_wire.Request request)

@@ -15,7 +15,6 @@ from orjson import JSONDecodeError, loads
 
 from router.bodyscan import scan_body
 
-MODEL_HEADER = b"x-gpufleet-model"
 BODYLESS_METHODS = (b"GET", b"DELETE")
 MULTIPART_FORM = b"multipart/form-data"
 
@@ -26,20 +25,22 @@ class Refusal(Exception):
         self.status, self.param, self.code = status, param, code
 
 
-def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[str, bool, object]:
+def target_of(request) -> tuple[str, bool, object]:
     """(model, ask_each_replica, JSON payload or None): ask_each_replica when the request is for
     state held by one replica, where a 404 means "ask the next one". Refusal when the request
     names no model. The payload is the scanned body's fields (`router.bodyscan.BodyFields`)
-    where the scan vouches for the body, else the body parsed as a dict."""
+    where the scan vouches for the body, else the body parsed as a dict. `request` is a
+    `router.wire.Request`."""
+    method, body = request.method, request.body
     if method == b"POST":
-        content_type = headers.get(b"content-type", b"")
+        content_type = request.content_type or b""
         # The first letter alone rules out JSON (nearly every request) without a lower().
         if (
             content_type
             and content_type[0] in b"mM"
             and content_type[:19].lower() == MULTIPART_FORM
         ):
-            return _model_form_field(content_type, headers, body), False, None
+            return _model_form_field(content_type, body), False, None
         fields = scan_body(body)
         if fields is not None:
             return fields.model, False, fields
@@ -55,13 +56,15 @@ def target_of(method: bytes, url: bytes, headers: dict, body: bytes) -> tuple[st
             raise Refusal(400, "the body has no `model`", param="model")
         return model, False, payload
     if method in BODYLESS_METHODS and not body:
-        path, _, query = url.partition(b"?")
-        return _named_outside_the_body(method, path, query, headers), True, None
+        path, _, query = request.url.partition(b"?")
+        named = request.x_gpufleet_model or b""
+        return _named_outside_the_body(method, path, query, named), True, None
     raise Refusal(405, f"{method.decode(errors='replace')} is not served on this path")
 
 
-def _named_outside_the_body(method: bytes, path: bytes, query: bytes, headers: dict) -> str:
-    named = headers.get(MODEL_HEADER, b"").decode(errors="replace")
+def _named_outside_the_body(method: bytes, path: bytes, query: bytes, header: bytes) -> str:
+    """The model a bodiless request names: its X-Gpufleet-Model `header`, else `?model=`."""
+    named = header.decode(errors="replace")
     if not named and query:
         values = parse_qs(query.decode(errors="replace")).get("model")
         named = values[0] if values else ""
@@ -75,9 +78,9 @@ def _named_outside_the_body(method: bytes, path: bytes, query: bytes, headers: d
     return named
 
 
-def _model_form_field(content_type: bytes, headers: dict, body: bytes) -> str:
+def _model_form_field(content_type: bytes, body: bytes) -> str:
     boundary = b""
-    for parameter in headers[b"content-type"].split(b";")[1:]:
+    for parameter in content_type.split(b";")[1:]:
         name, _, value = parameter.strip().partition(b"=")
         if name.lower() == b"boundary":
             boundary = value.strip(b'"')

@@ -14,16 +14,26 @@ from router.forwarding import (
     NOT_FORWARDED,
     NOT_RELAYED,
     READ_BY_ROUTER,
+    READ_FIELDS,
+    headers_of,
 )
 
 
 class Request:
     """One request as the client sent it, read whole."""
 
-    __slots__ = ("method", "url", "path", "headers", "forward", "body", "keep_alive")
+    __slots__ = ("method", "url", "path", "forward", "body", "keep_alive", *READ_FIELDS.values())
+
+    def __init__(self) -> None:
+        for field in READ_FIELDS.values():  # the headers the router reads: None when absent
+            setattr(self, field, None)
 
     def __repr__(self) -> str:
         return f"Request({self.method!r}, {self.url!r})"
+
+    @property
+    def headers(self) -> dict[bytes, bytes]:
+        return headers_of(self)
 
     def upstream(
         self, path_prefix: bytes, host: bytes, forward: bytes, peer: bytes, request_id: bytes
@@ -31,7 +41,7 @@ class Request:
         """The request as it goes to a replica, in one bytes object: `forward`'s header lines,
         then Host, X-Forwarded-For (the client's, extended with `peer`), X-Request-Id and the
         body's length written by the router."""
-        forwarded_for = self.headers.get(b"x-forwarded-for")
+        forwarded_for = self.x_forwarded_for
         return b"".join(
             (
                 self.method,
@@ -92,7 +102,7 @@ class RequestReader:
 
     def on_message_begin(self) -> None:
         self.url = b""
-        self.headers = {}
+        self.request = Request()
         self.forward: list[bytes] = []
         self.header_bytes = 0
         self.body: list[bytes] = []
@@ -108,7 +118,7 @@ class RequestReader:
         self._count_head(len(name) + len(value))
         name = name.lower()
         if name in READ_BY_ROUTER:
-            self.headers[name] = value
+            setattr(self.request, READ_FIELDS[name], value)
         if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
             raise RequestRefused(413, "request body is too large")
         if name == b"expect" and value.lower() == b"100-continue":
@@ -124,11 +134,10 @@ class RequestReader:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
-        request = Request()
+        request = self.request
         request.method = self.parser.get_method()
         request.url = self.url
         request.path = self.url.partition(b"?")[0]
-        request.headers = self.headers
         request.forward = b"".join(self.forward)
         request.body = b"".join(self.body)
         request.keep_alive = self.parser.should_keep_alive()

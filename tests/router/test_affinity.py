@@ -31,16 +31,16 @@ CHAT = {
 
 
 def test_an_explicit_session_wins_then_the_prompt_prefix():
-    by_prefix = affinity_key(CHAT, {}, PREFIX, 1024)
+    by_prefix = affinity_key(CHAT, None, PREFIX, 1024)
     assert by_prefix == zlib.crc32(b"<|system|>be brief<|user|>hello there") + 1
-    assert affinity_key({**CHAT, "user": "u-7"}, {}, PREFIX, 1024) == zlib.crc32(b"u-7") + 1
-    header = {b"x-session-id": b"s-1"}
+    assert affinity_key({**CHAT, "user": "u-7"}, None, PREFIX, 1024) == zlib.crc32(b"u-7") + 1
+    header = b"s-1"  # X-Session-Id
     assert affinity_key({**CHAT, "user": "u-7"}, header, PREFIX, 1024) == zlib.crc32(b"s-1") + 1
     cache_key = {**CHAT, "prompt_cache_key": "k", "user": "u-7"}
     assert affinity_key(cache_key, header, PREFIX, 1024) == zlib.crc32(b"k") + 1
-    assert affinity_key(CHAT, {}, SESSION, 1024) == 0, "session mode needs a session"
-    assert affinity_key({**CHAT, "user": "u"}, {}, OFF, 1024) == 0
-    assert affinity_key(None, {}, PREFIX, 1024) == 0, "a form or bodiless request has no key"
+    assert affinity_key(CHAT, None, SESSION, 1024) == 0, "session mode needs a session"
+    assert affinity_key({**CHAT, "user": "u"}, None, OFF, 1024) == 0
+    assert affinity_key(None, None, PREFIX, 1024) == 0, "a form or bodiless request has no key"
 
 
 def test_the_prefix_is_the_first_characters_of_the_prompt_as_the_engine_sees_it():
@@ -53,11 +53,11 @@ def test_the_prefix_is_the_first_characters_of_the_prompt_as_the_engine_sees_it(
         "messages": CHAT["messages"]
         + [{"role": "assistant", "content": "hi!"}, {"role": "user", "content": "more"}]
     }
-    assert affinity_key(turn2, {}, PREFIX, 4096) == affinity_key(CHAT, {}, PREFIX, 4096), (
+    assert affinity_key(turn2, None, PREFIX, 4096) == affinity_key(CHAT, None, PREFIX, 4096), (
         "later turns of a conversation keep its key"
     )
     other = {"messages": [CHAT["messages"][0], {"role": "user", "content": "another question"}]}
-    assert affinity_key(other, {}, PREFIX, 4096) != affinity_key(CHAT, {}, PREFIX, 4096)
+    assert affinity_key(other, None, PREFIX, 4096) != affinity_key(CHAT, None, PREFIX, 4096)
 
 
 @pytest.mark.integration

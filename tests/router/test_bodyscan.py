@@ -29,13 +29,13 @@ CHAT = json.dumps(
 ).encode()
 
 
-def keys_agree(body: bytes, headers: dict, mode: str, chars: int) -> None:
+def keys_agree(body: bytes, session_id: bytes | None, mode: str, chars: int) -> None:
     scanned = scan_body(body)
     parsed = orjson.loads(body)
     assert scanned is not None
     assert scanned.model == parsed["model"]
-    assert affinity.affinity_key(scanned, headers, mode, chars) == affinity.affinity_key(
-        parsed, headers, mode, chars
+    assert affinity.affinity_key(scanned, session_id, mode, chars) == affinity.affinity_key(
+        parsed, session_id, mode, chars
     )
 
 
@@ -48,8 +48,8 @@ def test_the_router_uses_the_scan_when_built():
 def test_common_bodies_are_scanned_and_agree_with_the_parsed_body(body):
     for chars in (1, 5, 16, 4096):
         for mode in (PREFIX, SESSION):
-            keys_agree(body, {}, mode, chars)
-            keys_agree(body, {b"x-session-id": b"s-1"}, mode, chars)
+            keys_agree(body, None, mode, chars)
+            keys_agree(body, b"s-1", mode, chars)
 
 
 def test_the_chat_prefix_key_is_the_crc_of_the_prompt_root():
@@ -76,8 +76,8 @@ def test_values_python_turns_into_text_are_left_to_the_parsed_body(body):
     assert scanned is not None
     assert scanned.affinity_key(None, True, 4096) == -1
     # ...and the router's key is then the parsed body's.
-    parsed = affinity.affinity_key(orjson.loads(body), {}, PREFIX, 4096)
-    assert affinity.affinity_key(scanned, {}, PREFIX, 4096) == parsed
+    parsed = affinity.affinity_key(orjson.loads(body), None, PREFIX, 4096)
+    assert affinity.affinity_key(scanned, None, PREFIX, 4096) == parsed
 
 
 @pytest.mark.parametrize(
@@ -167,17 +167,17 @@ def encodings(payload: dict):
     BODIES,
     st.sampled_from([PREFIX, SESSION]),
     st.integers(1, 40),
-    st.sampled_from([{}, {b"x-session-id": b"s-1"}]),
+    st.sampled_from([None, b"", b"s-1"]),
 )
-def test_where_the_scan_vouches_it_agrees_with_the_parsed_body(payload, mode, chars, headers):
+def test_where_the_scan_vouches_it_agrees_with_the_parsed_body(payload, mode, chars, session_id):
     for body in encodings(payload):
         parsed = orjson.loads(body)
         scanned = scan_body(body)
         if scanned is None:
             continue
         assert scanned.model == parsed["model"]
-        want = affinity.affinity_key(parsed, headers, mode, chars)
-        assert affinity.affinity_key(scanned, headers, mode, chars) == want
+        want = affinity.affinity_key(parsed, session_id, mode, chars)
+        assert affinity.affinity_key(scanned, session_id, mode, chars) == want
 
 
 PLAIN_TEXT = st.text(
