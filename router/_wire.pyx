@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """HTTP/1.1 read straight from llhttp's C callbacks: no Python call and no Python object per
 header, on either side.
 
@@ -127,6 +127,11 @@ cdef bint known_dropped[KNOWN_MAX]
 cdef bint known_read[KNOWN_MAX]
 cdef int known_count = 0
 cdef uint64_t known_size_mask = 0  # bit n: some known name is n bytes long (n < 64)
+# The known names by length: known_by_size[known_size_start[n]:][:known_size_count[n]] are the
+# indices of those n bytes long, so a name is compared with those of its length alone.
+cdef int known_by_size[KNOWN_MAX]
+cdef int known_size_start[64]
+cdef int known_size_count[64]
 cdef int content_length_index = -1
 cdef int expect_index = -1
 cdef int known_field[KNOWN_MAX]  # of a header the router reads: which Request field; else -1
@@ -174,6 +179,14 @@ cdef void learn_names():
         elif name == b"expect":
             expect_index = index
     known_count = len(names)
+    by_size = sorted(range(known_count), key=lambda index: known_sizes[index])
+    for position, index in enumerate(by_size):
+        size = known_sizes[index]
+        assert size < 64
+        known_by_size[position] = index
+        if known_size_count[size] == 0:
+            known_size_start[size] = position
+        known_size_count[size] += 1
     global answer_count, answer_content_length, answer_transfer_encoding, answer_content_type
     global answer_objects, answer_size_mask
     answer_objects = tuple(sorted(NOT_RELAYED | {b"content-type"}))
@@ -213,11 +226,12 @@ cdef int answer_index(const char* name, Py_ssize_t size) noexcept:
 
 
 cdef int known_index(const char* name, Py_ssize_t size) noexcept:
-    cdef int index
+    cdef int position, index
     if not known_size_mask & size_bit(size):
         return -1
-    for index in range(known_count):
-        if known_sizes[index] == size and memcmp(known_names[index], name, size) == 0:
+    for position in range(known_size_start[size], known_size_start[size] + known_size_count[size]):
+        index = known_by_size[position]
+        if memcmp(known_names[index], name, size) == 0:
             return index
     return -1
 
@@ -265,7 +279,7 @@ cdef class Request:
         ):
             raise TypeError("every piece of a forwarded request is bytes")
         cdef bytes forwarded_for = self.x_forwarded_for
-        cdef Py_ssize_t length_size = digits_of(length, PyBytes_GET_SIZE(self.body), 10)
+        cdef Py_ssize_t length_size = decimal_digits(length, PyBytes_GET_SIZE(self.body))
         cdef Py_ssize_t size = (
             PyBytes_GET_SIZE(self.method) + 1 + PyBytes_GET_SIZE(path_prefix)
             + PyBytes_GET_SIZE(self.url) + 17 + PyBytes_GET_SIZE(host) + 2
@@ -344,7 +358,7 @@ cpdef bytes numbered(bytes prefix, Py_ssize_t number):
         raise TypeError("numbered takes a bytes prefix")
     if number < 0:
         raise ValueError("numbered takes a number that is not negative")
-    cdef Py_ssize_t count = digits_of(digits, number, 10)
+    cdef Py_ssize_t count = decimal_digits(digits, number)
     cdef Py_ssize_t size = PyBytes_GET_SIZE(prefix)
     data = PyBytes_FromStringAndSize(NULL, size + count)
     cdef char* out = PyBytes_AS_STRING(data)
@@ -353,20 +367,27 @@ cpdef bytes numbered(bytes prefix, Py_ssize_t number):
     return data
 
 
-cdef Py_ssize_t digits_of(char* out, Py_ssize_t value, int base) noexcept:
-    """`value` (not negative) in `base` (10 or 16, lower-case) at `out`; returns how many
-    digits."""
-    cdef char reversed_digits[24]
-    cdef Py_ssize_t count = 0
-    cdef Py_ssize_t at
-    while True:
-        reversed_digits[count] = HEX_DIGITS[value % base]
+cdef Py_ssize_t decimal_digits(char* out, Py_ssize_t value) noexcept:
+    """`value` (not negative) in decimal at `out`; returns how many digits."""
+    cdef Py_ssize_t count = 1, rest = value, at
+    while rest >= 10:
+        rest //= 10
         count += 1
-        value //= base
-        if value == 0:
-            break
-    for at in range(count):
-        out[at] = reversed_digits[count - 1 - at]
+    for at in range(count - 1, -1, -1):
+        out[at] = 48 + value % 10
+        value //= 10
+    return count
+
+
+cdef Py_ssize_t hex_digits(char* out, Py_ssize_t value) noexcept:
+    """`value` (not negative) in lower-case hexadecimal at `out`; returns how many digits."""
+    cdef Py_ssize_t count = 1, rest = value >> 4, at
+    while rest:
+        rest >>= 4
+        count += 1
+    for at in range(count - 1, -1, -1):
+        out[at] = HEX_DIGITS[value & 15]
+        value >>= 4
     return count
 
 
@@ -521,21 +542,21 @@ cdef class ResponseReader:
         self.write_client_head(room, request_id, close)
 
     cdef Py_ssize_t client_head_size(self, bytes request_id, bint close) noexcept:
-        cdef char status[8]
         cdef Py_ssize_t reason_size = self.reason.size
         if reason_size == 0:
             reason_size = PyBytes_GET_SIZE(<bytes>REASONS.get(self.status, b""))
         return (
-            9 + digits_of(status, self.status, 10) + 1 + reason_size + 2 + self.relayed.size
+            9 + 3 + 1 + reason_size + 2 + self.relayed.size
             + (0 if self.length_given else 28) + (19 if close else 0)
             + 14 + PyBytes_GET_SIZE(request_id) + 4
         )
 
     cdef void write_client_head(self, char* at, bytes request_id, bint close) noexcept:
-        cdef char status[8]
-        cdef Py_ssize_t status_size = digits_of(status, self.status, 10)
         at = put_c(at, b"HTTP/1.1 ", 9)
-        at = put_c(at, status, status_size)
+        at[0] = 48 + self.status // 100  # llhttp reads three digits: 100 to 999
+        at[1] = 48 + self.status // 10 % 10
+        at[2] = 48 + self.status % 10
+        at += 3
         at = put_c(at, b" ", 1)
         if self.reason.size == 0:
             at = put(at, <bytes>REASONS.get(self.status, b""))
@@ -623,7 +644,7 @@ cdef class ResponseReader:
         cdef Py_ssize_t digits
         if self.length_given:
             return buffer_add(&self.body, at, size)
-        digits = digits_of(size_line, size, 16)
+        digits = hex_digits(size_line, size)
         size_line[digits] = 13
         size_line[digits + 1] = 10
         if (

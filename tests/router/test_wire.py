@@ -50,6 +50,20 @@ def test_numbered_writes_the_prefix_then_the_number(module):
         module.numbered(b"x", -1)
 
 
+@given(st.integers(0, 2**63 - 1))
+def test_numbered_writes_any_number_in_decimal(number):
+    assert _wire.numbered(b"id-", number) == b"id-%d" % number
+
+
+@pytest.mark.parametrize("module", [_wire, wire_py])
+def test_the_clock_is_time_monotonic(module):
+    import time
+
+    before = time.monotonic()
+    now = module.monotonic()
+    assert before <= now <= time.monotonic()
+
+
 REQUEST = (
     b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
     b"X-Empty:\r\nConnection: keep-alive, x-secret\r\nX-Secret: s\r\nAuthorization: Bearer k\r\n"
