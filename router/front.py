@@ -99,7 +99,10 @@ class ClientConnection(ClientSide):
     def next_request(self) -> None:
         if self.closed or self.exchange is not None or not self.pending:
             return
-        request = self.pending.pop(0)
+        request = self.pending[0]
+        # Not pop(0): on a list of one, compiled, that is a call by name (Cython's fast pop
+        # wants the list more than half full).
+        del self.pending[0]
         method = request.method
         self.keep_alive = request.keep_alive
         ctx = self.ctx
