@@ -57,7 +57,7 @@ cdef class Exchange(ResponseListener):
     @cython.locals(allowed=long, to=long)
     cpdef void _move(self, object stage) except *
     cpdef void start(self)
-    @cython.locals(table=_fastpath.EndpointTable)
+    @cython.locals(table=_fastpath.EndpointTable, slot=long, now=double)
     cdef void _pick(self) except *
     cdef void _no_replica(self, long result) except *
     cdef void _connect(self) except *

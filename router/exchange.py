@@ -144,8 +144,8 @@ class Exchange(ResponseListener):
             self.ctx.metrics.retries += 1
         self.slot = slot
         # The first pick is microseconds after the start: its time will do.
-        now = self.ctx.clock() if self.tried else self.started
-        self.tried += (slot,)
+        now = monotonic() if self.tried else self.started
+        self.tried = self.tried + (slot,) if self.tried else (slot,)
         self.pool = pool = self.ctx.pool_for(table.endpoint_url(slot))
         conn = pool.take_idle(now)
         if conn is not None:

@@ -15,11 +15,14 @@ cdef class Histogram:
 
 cdef class ModelStats:
     cdef public dict requests
+    cdef public long long ok_requests
     cdef public dict durations
+    cdef public Histogram ok_durations  # durations[2]
     cdef public Histogram first_token
 
     @cython.locals(histogram=Histogram)
     cpdef void finished(self, int status, object seconds) except *
+    cpdef dict request_counts(self)
 
 
 cdef class RouterMetrics:

@@ -56,20 +56,36 @@ class ModelStats:
     """One label's per-request counters, looked up once per request; typed in metrics.pxd."""
 
     def __init__(self) -> None:
-        self.requests: dict[int, int] = {}
+        self.requests: dict[int, int] = {}  # by status, but 200: see request_counts
+        self.ok_requests = 0  # status 200, nearly every request: a C counter, not a dict entry
         self.durations: dict[int, Histogram] = {}  # by status class: 2 for 2xx...
+        self.ok_durations: Histogram | None = None
         self.first_token = Histogram(FIRST_TOKEN_BUCKETS)
+
+    def request_counts(self) -> dict[int, int]:
+        """Requests by status."""
+        counts = dict(self.requests)
+        if self.ok_requests:
+            counts[200] = self.ok_requests
+        return counts
 
     def finished(self, status: int, seconds: float | None) -> None:
         """A request ended; `seconds` it took when a replica answered it, else None (the
         router's own refusals do not belong in the duration histogram)."""
-        self.requests[status] = self.requests.get(status, 0) + 1
+        if status == 200:
+            self.ok_requests += 1
+        else:
+            self.requests[status] = self.requests.get(status, 0) + 1
         if seconds is None:
             return
-        klass = status // 100
-        histogram = self.durations.get(klass)
-        if histogram is None:
-            histogram = self.durations[klass] = Histogram(DURATION_BUCKETS)
+        histogram = self.ok_durations  # durations[2], once it exists: no lookup for a 2xx
+        if histogram is None or status // 100 != 2:
+            klass = status // 100
+            histogram = self.durations.get(klass)
+            if histogram is None:
+                histogram = self.durations[klass] = Histogram(DURATION_BUCKETS)
+            if klass == 2:
+                self.ok_durations = histogram
         histogram.observe(seconds)
 
 
@@ -109,7 +125,9 @@ class RouterMetrics:
     def state(self) -> dict:
         models = self.models.items()
         return {
-            "requests": [[m, status, n] for m, s in models for status, n in s.requests.items()],
+            "requests": [
+                [m, status, n] for m, s in models for status, n in s.request_counts().items()
+            ],
             "durations": [
                 [m, f"{klass}xx", h.values()] for m, s in models for klass, h in s.durations.items()
             ],
