@@ -8,7 +8,7 @@ cdef class BodyFields:
     cdef Py_ssize_t cache_key_at, user_at, messages_at, prompt_at
 
     cpdef object loaded(self)
-    cpdef long long affinity_key(self, bytes session_header, bint by_prefix, Py_ssize_t prefix_chars) noexcept
+    cpdef long long affinity_key(self, bytes session_header, bint by_prefix, Py_ssize_t prefix_chars) except -2
 
 
 cpdef BodyFields scan_body(bytes body)
