@@ -125,16 +125,18 @@ cdef Py_ssize_t skip_string(const unsigned char* s, Py_ssize_t i, Py_ssize_t n) 
     cdef long unit
     cdef Py_ssize_t length
     cdef uint64_t word
+    # Where the byte loop may hand over to words again: past a word that is not plain, and
+    # not before the 16th byte (most strings, keys and short values, end sooner).
+    cdef Py_ssize_t bytewise_until = i + 16
     i += 1
     while i < n:
         # Long prompts are mostly plain text: 8 bytes at a time while they are.
-        while i + 8 <= n:
+        if i >= bytewise_until and i + 8 <= n:
             memcpy(&word, s + i, 8)
-            if not plain_word(word):
-                break
-            i += 8
-        if i >= n:
-            break
+            if plain_word(word):
+                i += 8
+                continue
+            bytewise_until = i + 8
         c = s[i]
         if c == 34:  # "
             return i + 1
