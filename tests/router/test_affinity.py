@@ -49,6 +49,10 @@ def test_the_prefix_is_the_first_characters_of_the_prompt_as_the_engine_sees_it(
     assert prompt_prefix({"prompt": ["first", "second"]}, 100) == "first"
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
     assert prompt_prefix(parts, 100) == "<|user|>hi"
+    # A part whose text is not a string has none (an image part, or a malformed one).
+    odd = [{"type": "image_url", "image_url": {}}, {"text": None}, {"text": 7}, "x", {"text": "!"}]
+    odd_parts = {"messages": [{"role": "user", "content": odd}]}
+    assert prompt_prefix(odd_parts, 100) == "<|user|>!"
     turn2 = {
         "messages": CHAT["messages"]
         + [{"role": "assistant", "content": "hi!"}, {"role": "user", "content": "more"}]

@@ -44,7 +44,23 @@ def test_the_router_uses_the_scan_when_built():
     assert bodyscan.scan_body is scan_body
 
 
-@pytest.mark.parametrize("body", [COMPLETION, CHAT], ids=["completion", "chat"])
+IMAGE_PARTS = json.dumps(
+    {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": "u"}}, {"text": None}, "x"]
+                + [{"type": "text", "text": "what is this?"}],
+            }
+        ],
+    }
+).encode()
+
+
+@pytest.mark.parametrize(
+    "body", [COMPLETION, CHAT, IMAGE_PARTS], ids=["completion", "chat", "image-parts"]
+)
 def test_common_bodies_are_scanned_and_agree_with_the_parsed_body(body):
     for chars in (1, 5, 16, 4096):
         for mode in (PREFIX, SESSION):
