@@ -201,6 +201,26 @@ cdef void learn_names():
     answer_content_type = answer_objects.index(b"content-type")
 
 
+cdef void lower_ascii(char* text, Py_ssize_t size) noexcept:
+    """A-Z to a-z in place, 8 bytes at a time: the names of a request's headers."""
+    cdef uint64_t word, low7, upper, ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL
+    cdef Py_ssize_t at = 0
+    cdef char c
+    while at + 8 <= size:
+        memcpy(&word, text + at, 8)
+        low7 = word & ~highs
+        # A high bit per byte from "A" on, and from past "Z" on; ASCII bytes alone (~word).
+        upper = (low7 + ones * (0x80 - 65)) & ~(low7 + ones * (0x80 - 91)) & ~word & highs
+        word |= upper >> 2  # 0x80 >> 2 is 0x20, the case bit
+        memcpy(text + at, &word, 8)
+        at += 8
+    while at < size:
+        c = text[at]
+        if 65 <= c <= 90:
+            text[at] = c + 32
+        at += 1
+
+
 cdef bint same_lower(const char* text, const char* lower, Py_ssize_t size) noexcept:
     """Whether `text` is `lower` in any case (ASCII)."""
     cdef Py_ssize_t at
@@ -456,10 +476,7 @@ cdef class RequestReader:
         cdef char c
         cdef int index
         cdef llhttp_t* parser
-        for at in range(name.size):
-            c = name.data[at]
-            if 65 <= c <= 90:
-                name.data[at] = c + 32
+        lower_ascii(name.data, name.size)
         index = known_index(name.data, name.size)
         if index >= 0:
             if known_read[index]:

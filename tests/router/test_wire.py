@@ -552,3 +552,13 @@ def test_an_answer_head_over_the_limit_is_refused_and_one_under_it_is_not(reader
         events, error, _, _ = read_answers(reader_class, *pieces)
         assert error == f"the answer's head is larger than {MAX_ANSWER_HEAD_BYTES} bytes"
         assert events == []
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+def test_header_names_are_lower_cased_whatever_their_characters(reader_class):
+    """Every character a header name may have (RFC 9110 tokens), in names long enough to be
+    lower-cased 8 bytes at a time and in the bytes after."""
+    name = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&'*+-.^_`|~"
+    [request], refusal, _ = read(reader_class, b"GET / HTTP/1.1\r\nHost: h\r\n%s: v\r\n\r\n" % name)
+    assert refusal is None
+    assert request[4] == name.lower() + b": v\r\n"
