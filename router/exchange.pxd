@@ -26,7 +26,6 @@ cdef class ClientSide:
     cpdef void close(self)
 
 
-@cython.freelist(16)
 cdef class Exchange(ResponseListener):
     cdef public ClientSide client
     cdef public ProxyContext ctx
