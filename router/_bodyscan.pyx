@@ -337,29 +337,29 @@ cdef int text_start(Text* text, Py_ssize_t capacity, Py_ssize_t limit) except -1
     return 0
 
 
-cdef long long text_key(Text* text) except -2:
-    """The key of the text: its CRC-32 plus one (0 stays "no key"), as router.affinity's."""
+cdef long long table_key(const unsigned char* data, Py_ssize_t size) noexcept nogil:
+    """CRC-32 plus one, by the table: for short data."""
     cdef uint32_t crc = ~(<uint32_t>0)
     cdef Py_ssize_t k
+    for k in range(size):
+        crc = CRC_TABLE[(crc ^ data[k]) & 0xFF] ^ (crc >> 8)
+    return <long long>(~crc) + 1
+
+
+cdef long long text_key(Text* text) except -2:
+    """The key of the text: its CRC-32 plus one (0 stays "no key"), as router.affinity's."""
     if text.size == 0:
         return 0
     if text.size > SHORT_TEXT:
         return crc32(PyBytes_FromStringAndSize(<char*>text.data, text.size)) + 1
-    for k in range(text.size):
-        crc = CRC_TABLE[(crc ^ text.data[k]) & 0xFF] ^ (crc >> 8)
-    return <long long>(~crc) + 1
+    return table_key(text.data, text.size)
 
 
 cdef long long bytes_key(bytes data) except -2:
+    """The key of a session header (not empty): as text_key."""
     if PyBytes_GET_SIZE(data) > SHORT_TEXT:
         return crc32(data) + 1
-    cdef Text text
-    text_start(&text, PyBytes_GET_SIZE(data), PyBytes_GET_SIZE(data))
-    try:
-        text_add(&text, <const unsigned char*>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
-        return text_key(&text)
-    finally:
-        PyMem_Free(text.data)
+    return table_key(<const unsigned char*>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
 
 
 cdef inline bint text_full(Text* text) noexcept nogil:
@@ -475,10 +475,6 @@ cdef void decode_string(Text* text, const unsigned char* s, Py_ssize_t n, Py_ssi
             c = 9
         text_add(text, &c, 1)
         i += 2
-
-
-cdef inline bint is_string_at(const unsigned char* s, Py_ssize_t at) noexcept nogil:
-    return at >= 0 and s[at] == 34
 
 
 cdef inline bint is_empty_string_at(const unsigned char* s, Py_ssize_t at) noexcept nogil:

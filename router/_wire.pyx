@@ -472,8 +472,6 @@ cdef class RequestReader:
         it refuses the request."""
         cdef Buffer* name = &self.name
         cdef Buffer* value = &self.value
-        cdef Py_ssize_t at
-        cdef char c
         cdef int index
         cdef llhttp_t* parser
         lower_ascii(name.data, name.size)

@@ -32,7 +32,7 @@ def affinity_key(payload, session_id: bytes | None, mode: str, prefix_chars: int
     header is `session_id` (None: it has none)."""
     if mode == OFF or payload is None:
         return 0
-    if type(payload) is not dict:  # router.bodyscan.BodyFields
+    if type(payload) is not dict:  # router._bodyscan.BodyFields
         scanned = payload
         key = scanned.affinity_key(session_id, mode == PREFIX, prefix_chars)
         if key >= 0:

@@ -7,8 +7,7 @@ from router.compiled import implementation
 
 _impl = implementation("router._bodyscan", bodyscan_py)
 
-BodyFields = _impl.BodyFields
 scan_body = _impl.scan_body
 USING_EXTENSION = _impl is not bodyscan_py
 
-__all__ = ["USING_EXTENSION", "BodyFields", "scan_body"]
+__all__ = ["USING_EXTENSION", "scan_body"]

@@ -28,7 +28,7 @@ class Refusal(Exception):
 def target_of(request) -> tuple[str, bool, object]:
     """(model, ask_each_replica, JSON payload or None): ask_each_replica when the request is for
     state held by one replica, where a 404 means "ask the next one". Refusal when the request
-    names no model. The payload is the scanned body's fields (`router.bodyscan.BodyFields`)
+    names no model. The payload is the scanned body's fields (`router._bodyscan.BodyFields`)
     where the scan vouches for the body, else the body parsed as a dict. `request` is a
     `router.wire.Request`."""
     method, body = request.method, request.body
