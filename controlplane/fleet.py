@@ -417,18 +417,22 @@ class Fleet:
     # views
 
     def snapshot(self, route_version: int = 0) -> FleetSnapshot:
+        """Every view of the routers is taken at one `now`: a router read live by one view and
+        silent by the next would make the summary and the tables disagree."""
         replicas = [Replica.from_dict(r.to_dict()) for r in self.replicas.values()]
+        ids = [r.id for r in replicas]
+        now = self.wall()
         return FleetSnapshot(
             nodes=[Node.from_dict(n.to_dict()) for n in self.nodes.values()],
             replicas=replicas,
             specs=[ModelSpec(**s.to_dict()) for s in self.specs.values()],
             reasons=dict(self.reasons),
-            idle=self.idle.idle_map([r.id for r in replicas]),
-            routers=self.idle.router_rows(),
-            unknown_by_silence=self.idle.unknown_because_silent([r.id for r in replicas]),
+            idle=self.idle.idle_map(ids, now),
+            routers=self.idle.router_rows(now),
+            unknown_by_silence=self.idle.unknown_because_silent(ids, now),
             desired={name: self.desired(spec) for name, spec in self.specs.items()},
-            waiting=self.idle.waiting(),
-            now=self.wall(),
+            waiting=self.idle.waiting(now),
+            now=now,
             route_version=route_version,
         )
 

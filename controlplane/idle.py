@@ -261,18 +261,18 @@ class IdleTracker:
         self.dirty_routers.add(router_id)
         return router
 
-    def states(self) -> dict[str, RouterState]:
-        now = self.clock()
+    def states(self, now: float | None = None) -> dict[str, RouterState]:
+        now = self.clock() if now is None else now
         return {rid: r.state(now, self.live_window_s) for rid, r in self.routers.items()}
 
-    def live_routers(self) -> list[Router]:
-        now = self.clock()
+    def live_routers(self, now: float | None = None) -> list[Router]:
+        now = self.clock() if now is None else now
         return [
             r for r in self.routers.values() if r.state(now, self.live_window_s) is RouterState.LIVE
         ]
 
-    def silent_routers(self) -> list[Router]:
-        now = self.clock()
+    def silent_routers(self, now: float | None = None) -> list[Router]:
+        now = self.clock() if now is None else now
         return [
             r
             for r in self.routers.values()
@@ -291,8 +291,8 @@ class IdleTracker:
             del self.routers[rid]
             self.dirty_routers.add(rid)
 
-    def router_rows(self) -> list[dict]:
-        now = self.clock()
+    def router_rows(self, now: float | None = None) -> list[dict]:
+        now = self.clock() if now is None else now
         rows = []
         for router in sorted(self.routers.values(), key=lambda r: r.id):
             state = router.state(now, self.live_window_s)
@@ -329,10 +329,10 @@ class IdleTracker:
                 return f"router {router.id} has {router.in_flight[replica]} request(s) on it"
         return ""
 
-    def waiting(self) -> dict[str, int]:
+    def waiting(self, now: float | None = None) -> dict[str, int]:
         """model -> requests live routers hold for it, waiting for a replica."""
         total: dict[str, int] = {}
-        for router in self.live_routers():
+        for router in self.live_routers(now):
             for model, count in router.waiting.items():
                 total[model] = total.get(model, 0) + count
         return total
@@ -386,10 +386,10 @@ class IdleTracker:
             bound = min(bound, as_of - unseen)
         return max(0.0, bound), IdleState.AT_LEAST
 
-    def idle_map(self, replicas) -> dict[str, tuple[float, IdleState]]:
-        live, silent = self.live_routers(), self.silent_routers()
+    def idle_map(self, replicas, now: float | None = None) -> dict[str, tuple[float, IdleState]]:
+        live, silent = self.live_routers(now), self.silent_routers(now)
         return {replica: self.idle_for(replica, live, silent) for replica in replicas}
 
-    def unknown_because_silent(self, replicas) -> set[str]:
-        silent = self.silent_routers()
+    def unknown_because_silent(self, replicas, now: float | None = None) -> set[str]:
+        silent = self.silent_routers(now)
         return {r for r in replicas if any(r in s.watch_origin for s in silent)}

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.fleet import FleetSnapshot
-from controlplane.idle import IdleState
+from controlplane.idle import IdleState, IdleTracker
 from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Schedulable, Slice
 from controlplane.summary import node_rows, replica_rows, summary
 
@@ -90,3 +90,53 @@ def test_summary_is_the_aggregate_of_the_rows(snap, threshold):
         assert row["idle_state"] != "unknown", "unknown is never idle"
         assert row["idle_s"] >= (threshold if threshold is not None else 1800.0)
     assert result["idle"]["gpus_held"] == sum(r["gpus"] for r in result["idle"]["replicas"])
+
+
+class TickingClock:
+    """A clock that moves on at every read, as a busy server's does between two views."""
+
+    def __init__(self, start: float, step: float) -> None:
+        self.now, self.step = start, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_a_snapshot_is_one_moment_even_as_a_router_falls_silent(tmp_path):
+    """A router whose lease runs out while a snapshot is taken is live in every view of that
+    snapshot or silent in every one: the summary never counts it silent with no replica
+    unknown because of it (or a replica unknown with no silent router)."""
+    from controlplane.fleet import Fleet
+    from controlplane.store import SqliteStore
+    from tests.controlplane.conftest import make_node
+
+    start = 1_000_000.0
+    for step in (0.001, 0.01, 0.05, 0.2):
+        for offset in range(-6, 7):
+            clock = TickingClock(start, step)
+            store = SqliteStore(tmp_path / f"state-{step}-{offset}.sqlite")
+            fleet = Fleet(store, IdleTracker(live_window_s=10, clock=clock), wall=clock)
+            fleet.register(make_node("n1", gpus=2))
+            fleet.apply({"name": "m", "gpu_class": "H100-80GB", "command": ["x"], "replicas": 2})
+            for i in range(2):
+                fleet.add_replica("m", [Slice("n1", [i])])
+            ids = list(fleet.replicas)
+            fleet.idle.report(
+                {
+                    "router": "edge",
+                    "incarnation": "i1",
+                    "uptime_s": 60,
+                    "used": {},
+                    "watched": dict.fromkeys(ids, 60),
+                }
+            )
+            # The lease ends within a few of this snapshot's clock reads.
+            clock.now = fleet.idle.routers["edge"].received_at + 10 + offset * step / 2 - step
+            snap = fleet.snapshot()
+            silent = sum(r["state"] == "silent" for r in snap.routers)
+            unknown = {r for r, (_, state) in snap.idle.items() if state is IdleState.UNKNOWN}
+            assert unknown == snap.unknown_by_silence == (set(ids) if silent else set())
+            counts = summary(snap)["routers"]
+            assert (counts["silent"], counts["unknown_replicas"]) in ((0, 0), (1, 2))
+            store.close()

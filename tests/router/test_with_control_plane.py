@@ -23,7 +23,12 @@ pytestmark = pytest.mark.integration
 class Fleet:
     def __init__(self, procs, tmp_path):
         self.procs = procs
-        self.url, _ = control_plane(procs, tmp_path / "state.sqlite", None, "--tick", "0.2")
+        # The test plays the agent and heartbeats only when it brings replicas up: a node
+        # timeout longer than any test keeps n1 Ready. At the default 15 s, a test that ran
+        # long turned n1 NotReady and failed its replicas under it.
+        self.url, _ = control_plane(
+            procs, tmp_path / "state.sqlite", None, "--tick", "0.2", "--node-timeout", "3600"
+        )
         call("POST", self.url + "/v1/nodes", make_node("n1", gpus=8))
         self.engines = {}
         self.ready = {}
