@@ -7,6 +7,7 @@ import click
 
 from cli.listen import parse_listen
 from cli.paths import default_state_path
+from controlplane.model import parse_duration
 from controlplane.server import serve
 from controlplane.tokens import load_tokens
 
@@ -34,8 +35,17 @@ from controlplane.tokens import load_tokens
     show_default=True,
     help="Seconds after its last report that a router still counts as live.",
 )
+@click.option(
+    "--min-residency",
+    default="2m",
+    show_default=True,
+    help="How long a replica is Ready before a waiting model may take its GPUs, for specs "
+    "that do not set min_residency (a duration: 90s, 2m).",
+)
 @click.option("--log-level", default="info", show_default=True)
-def server(listen, state_path, token_file, tick_s, node_timeout, router_live, log_level):
+def server(
+    listen, state_path, token_file, tick_s, node_timeout, router_live, min_residency, log_level
+):
     """Run the control plane: fleet state, placement, health, idle tracking, routes."""
     import uvloop
 
@@ -43,6 +53,7 @@ def server(listen, state_path, token_file, tick_s, node_timeout, router_live, lo
     host, port = parse_listen(listen)
     try:
         tokens = load_tokens(token_file)
+        residency_s = parse_duration(min_residency, "--min-residency", allow_zero=True)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
@@ -55,6 +66,7 @@ def server(listen, state_path, token_file, tick_s, node_timeout, router_live, lo
                 tick_s,
                 node_timeout,
                 router_live,
+                residency_s,
             )
         )
     except OSError as exc:

@@ -97,6 +97,12 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
         if waking:
             line += f"; {len(waking)} waking: {sum(waking.values())} request(s) waiting"
         out.append(line)
+    room = s.get("room", {})
+    if room.get("swaps_last_hour") or room.get("waiting_for_room"):
+        out.append(
+            f"          {room['swaps_last_hour']} swap(s) in the last hour;"
+            f" {len(room['waiting_for_room'])} model(s) waiting for room"
+        )
     out.append(f"REPLICAS  {counts(s['replicas'])}")
     r = s.get("routers", {})
     if r.get("live") or r.get("silent"):
@@ -129,6 +135,11 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
             [f"{g['node']} gpu {g['index']}: {g['reason']}" for g in s["unhealthy_gpus"]],
         ),
         ("CANNOT BE PLACED", "yellow", [item["reason"] for item in s["unplaceable"]]),
+        (
+            "WAITING FOR ROOM",
+            "yellow",
+            [f"{m}: {why}" for m, why in s.get("room", {}).get("waiting_for_room", {}).items()],
+        ),
     ]
     for title, tint, lines in problems:
         if lines:

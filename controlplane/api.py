@@ -111,18 +111,27 @@ async def post_demand(request: web.Request) -> web.Response:
         raise ApiError(400, "waiting: a non-negative integer", "invalid_request", "waiting")
     fleet = request.app[FLEET_KEY]
     spec = fleet.demand(model, waiting)
-    if fleet.changed:
-        request.app[RECONCILER_KEY].tick()  # place it now: the answer carries the outcome
+
+    def ready() -> int:
+        return sum(
+            1 for r in fleet.replicas.values() if r.model == model and r.state == ReplicaState.READY
+        )
+
+    if fleet.changed or not ready():
+        # Place it, or make room for it, now: the answer carries the outcome.
+        request.app[RECONCILER_KEY].tick()
         request.app[STATS_KEY]["ticks"] += 1
-    ready = sum(
-        1 for r in fleet.replicas.values() if r.model == model and r.state == ReplicaState.READY
-    )
+    reason = fleet.reasons.get(model, "")
+    room = fleet.room.get(model)
     return json_response(
         {
             "model": model,
             "desired": fleet.desired(spec),
-            "ready": ready,
-            "reason": fleet.reasons.get(model, ""),
+            "ready": ready(),
+            "reason": reason,
+            # final: no room can be made for it (the router answers its requests now); else
+            # room is being made or may be later (the router keeps them waiting).
+            "final": bool(reason) and (room is None or room["final"]),
         }
     )
 
@@ -305,7 +314,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     snap = snapshot(request)
-    stats = {**request.app[STATS_KEY], "stops": request.app[RECONCILER_KEY].stops}
+    fleet = request.app[FLEET_KEY]
+    stats = {
+        **request.app[STATS_KEY],
+        "stops": request.app[RECONCILER_KEY].stops,
+        "swap_totals": fleet.swap_totals,
+        "swap_seconds": fleet.swap_seconds,
+    }
     text = exposition(summary(snap), model_rows(snap), stats)
     return web.Response(text=text, content_type="text/plain")
 

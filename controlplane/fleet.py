@@ -11,6 +11,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from controlplane.histogram import SWAP_BUCKETS, Histogram
 from controlplane.idle import IdleState, IdleTracker, Router
 from controlplane.model import (
     GPU,
@@ -58,9 +59,27 @@ class FleetSnapshot:
     unknown_by_silence: set[str] = field(default_factory=set)  # replicas a silent router has
     desired: dict[str, int] = field(default_factory=dict)  # model -> replicas kept now
     waiting: dict[str, int] = field(default_factory=dict)  # model -> requests held by routers
+    # model -> {"reason", "victims", "final"}: waiting for room, or told it will get none
+    room: dict[str, dict] = field(default_factory=dict)
+    swaps: list[tuple[float, str, float]] = field(default_factory=list)  # (at, model, seconds)
 
 
 REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopping", "Stopped"}
+SWAPS_KEPT = 1000
+
+
+@dataclass
+class Reservation:
+    """GPUs kept for a waiting model while the replicas on them stop: nothing else is placed
+    there, nothing wakes them, until the model is placed on them."""
+
+    model: str
+    placement: list  # the Slices it will be placed on
+    victims: list[str]  # replica ids stopping to free them
+    since: float  # wall clock: when requests began to wait for the model
+
+    def gpus(self) -> set[tuple[str, int]]:
+        return {(piece.node, index) for piece in self.placement for index in piece.gpus}
 
 
 class Fleet:
@@ -86,6 +105,16 @@ class Fleet:
         # model -> when requests last woke it: a wake counts as a use of the model, so what
         # woke is not stopped again before it had the time to serve them
         self.woken_at: dict[str, float] = {}
+        # Making room (controlplane/room.py): model -> when requests began to wait for it, and
+        # when a router last said so; what is reserved for whom; why a model gets no room.
+        self.demand_since: dict[str, float] = {}
+        self.demanded_at: dict[str, float] = {}
+        self.reservations: dict[str, Reservation] = {}
+        self.room: dict[str, dict] = {}
+        self.swapping: dict[str, tuple[str, float]] = {}  # replica -> (model, demand since)
+        self.swaps: deque = deque(maxlen=SWAPS_KEPT)  # (at, model, demand-to-Ready seconds)
+        self.swap_totals: dict[str, int] = {}
+        self.swap_seconds = Histogram(SWAP_BUCKETS)
         routers, gaps = store.load_routers()
         self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
         started = clock()
@@ -138,6 +167,10 @@ class Fleet:
         self.reasons.pop(name, None)
         self.events.pop(name, None)
         self.scaled.pop(name, None)
+        self.reservations.pop(name, None)
+        self.room.pop(name, None)
+        self.demand_since.pop(name, None)
+        self.demanded_at.pop(name, None)
         self.changed = True
         return spec
 
@@ -249,6 +282,9 @@ class Fleet:
             url = report.get("url") or replica.url
             if (replica.state, replica.url) == (ReplicaState(state), url):
                 return
+            if state == "Ready" and replica.state != ReplicaState.READY:
+                replica.ready_at = self.wall()
+                self._swapped_in(replica)
             replica.state = ReplicaState(state)
             replica.url = url if isinstance(url, str) else ""
             replica.reason = str(report.get("reason") or "")[:500]
@@ -351,14 +387,19 @@ class Fleet:
         """A router holds `waiting` requests for `model`, which has no ready replica. A model
         scaled down to zero wakes: back to max(min_replicas, 1), a retiring replica first."""
         spec = self.spec(model)
+        now = self.wall()
+        if waiting > 0:
+            self.demanded_at[model] = now
+            self.demand_since.setdefault(model, now)
         if spec.replicas == 0 or self.desired(spec) > 0:
             return spec  # at zero by the operator's word, or already on its way
-        self.woken_at[model] = self.wall()
+        self.woken_at[model] = now
         target = max(spec.floor, 1)
+        kept_for_others = {v for r in self.reservations.values() for v in r.victims}
         retiring = [
             r
             for r in self.replicas.values()
-            if r.model == model and r.state == ReplicaState.RETIRING
+            if r.model == model and r.state == ReplicaState.RETIRING and r.id not in kept_for_others
         ]
         for replica in retiring[:target]:
             self.set_replica_state(replica, ReplicaState.READY, "woken before it stopped")
@@ -366,14 +407,46 @@ class Fleet:
         self.event(model, f"woken by {waiting} waiting request(s): {target} replica(s)")
         return spec
 
-    def set_reason(self, model: str, reason: str) -> None:
-        """Why some of `model`'s replicas cannot be placed ("" once they all are)."""
+    def wanted(self) -> dict[str, int]:
+        """model -> requests waiting for it: what live routers report, and a model a router
+        asked for within the lease though no report counts it yet (at least 1)."""
+        now = self.wall()
+        waiting = dict(self.idle.waiting(now))
+        for model, at in self.demanded_at.items():
+            if now - at <= self.idle.live_window_s:
+                waiting[model] = max(waiting.get(model, 0), 1)
+        return {m: n for m, n in waiting.items() if n > 0 and m in self.specs}
+
+    def reserved_gpus(self, but_for: str | None = None) -> dict[tuple[str, int], str]:
+        """GPU -> the model it is kept for (every reservation except `but_for`'s)."""
+        return {
+            gpu: r.model
+            for r in self.reservations.values()
+            if r.model != but_for
+            for gpu in r.gpus()
+        }
+
+    def _swapped_in(self, replica: Replica) -> None:
+        """A replica placed on room made for it is Ready: the swap is done."""
+        swap = self.swapping.pop(replica.id, None)
+        if swap is None:
+            return
+        model, since = swap
+        now = self.wall()
+        self.swaps.append((now, model, now - since))
+        self.swap_seconds.observe(now - since)
+        self.swap_totals[model] = self.swap_totals.get(model, 0) + 1
+
+    def set_reason(self, model: str, reason: str, quiet: bool = False) -> None:
+        """Why some of `model`'s replicas cannot be placed ("" once they all are). `quiet`: the
+        same news in new words (a blocker's age): no event."""
         before = self.reasons.get(model, "")
         if reason == before:
             return
         if reason:
             self.reasons[model] = reason
-            self.event(model, reason)
+            if not quiet:
+                self.event(model, reason)
         else:
             del self.reasons[model]
             self.event(model, "every replica placed")
@@ -432,6 +505,8 @@ class Fleet:
             unknown_by_silence=self.idle.unknown_because_silent(ids, now),
             desired={name: self.desired(spec) for name, spec in self.specs.items()},
             waiting=self.idle.waiting(now),
+            room={model: dict(room) for model, room in self.room.items()},
+            swaps=list(self.swaps),
             now=now,
             route_version=route_version,
         )

@@ -337,9 +337,21 @@ class IdleTracker:
                 total[model] = total.get(model, 0) + count
         return total
 
-    def silent_holders(self, replicas) -> dict[str, str]:
+    def in_flight(self, now: float | None = None) -> dict[str, int]:
+        """replica -> requests on it, summed over every router not gone (a silent one's last
+        word included: it may still be serving them)."""
+        now = self.clock() if now is None else now
+        total: dict[str, int] = {}
+        for router in self.routers.values():
+            if router.state(now, self.live_window_s) is RouterState.GONE:
+                continue
+            for replica, count in router.in_flight.items():
+                total[replica] = total.get(replica, 0) + count
+        return total
+
+    def silent_holders(self, replicas, now: float | None = None) -> dict[str, str]:
         """replica -> a silent router that has it in its table."""
-        silent = self.silent_routers()
+        silent = self.silent_routers(now)
         return {
             r: next(s.id for s in silent if r in s.watch_origin)
             for r in replicas

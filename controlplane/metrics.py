@@ -107,6 +107,29 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
         (({"by": by}, stats.get("stops", {}).get(by, 0)) for by in ("idle", "operator")),
     )
     out += family(
+        "gpufleet_room_stops_total",
+        "counter",
+        "Replicas stopped to make room for a waiting model.",
+        [({}, stats.get("stops", {}).get("room", 0))],
+    )
+    out += family(
+        "gpufleet_swaps_total",
+        "counter",
+        "Replicas placed on GPUs freed for them by stopping replicas nobody used, by model placed.",
+        (({"model": m["name"]}, stats.get("swap_totals", {}).get(m["name"], 0)) for m in models),
+    )
+    if "swap_seconds" in stats:
+        out += stats["swap_seconds"].lines(
+            "gpufleet_swap_seconds",
+            "From the first waiting request to the swapped-in replica Ready.",
+        )
+    out += family(
+        "gpufleet_models_waiting_for_room",
+        "gauge",
+        "Models with requests waiting while room is made for them, or may be.",
+        [({}, len(numbers.get("room", {}).get("waiting_for_room", {})))],
+    )
+    out += family(
         "gpufleet_model_waiting_requests",
         "gauge",
         "Requests routers hold for a model with no ready replica (it is waking).",

@@ -108,6 +108,8 @@ class ModelSpec:
     min_replicas: int | None = None  # None: `replicas`, never scaled down on idle
     scale_to_zero_after_s: float | None = None  # idle this long: scaled towards min_replicas
     affinity: str | None = None  # off | session | prefix; None: each router's --affinity
+    priority: int = 0  # a waiting model may take room from models of its priority or lower
+    min_residency_s: float | None = None  # Ready this long before it may be taken; None: server's
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,6 +140,7 @@ class Replica:
     updated_at: float = 0.0
     exit_code: int | None = None
     log_tail: str = ""
+    ready_at: float = 0.0  # wall clock: when it last turned Ready (min_residency counts from it)
 
     @property
     def gpu_count(self) -> int:
@@ -188,11 +191,15 @@ SPEC_FIELDS = {
     "scale_to_zero_after",
     "scale_to_zero_after_s",
     "affinity",
+    "priority",
+    "min_residency",
+    "min_residency_s",
 }
+PRIORITY_RANGE = (-1_000_000, 1_000_000)
 AFFINITY_MODES = ("off", "session", "prefix")
 
 
-def parse_duration(value, field_name: str) -> float:
+def parse_duration(value, field_name: str, allow_zero: bool = False) -> float:
     """Seconds from a number or a string like 90s, 30m, 2h."""
     if isinstance(value, bool):
         raise SpecError(field_name, "expected a duration such as 30m")
@@ -205,8 +212,8 @@ def parse_duration(value, field_name: str) -> float:
         seconds = number * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
     else:
         raise SpecError(field_name, f"expected a duration such as 30m, got {value!r}")
-    if seconds <= 0:
-        raise SpecError(field_name, "must be positive")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise SpecError(field_name, "must not be negative" if allow_zero else "must be positive")
     return seconds
 
 
@@ -275,6 +282,16 @@ def validate_spec(body) -> ModelSpec:
     scale_after = body.get("scale_to_zero_after", body.get("scale_to_zero_after_s"))
     if scale_after is not None:
         scale_after = parse_duration(scale_after, "scale_to_zero_after")
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise SpecError("priority", f"expected an integer, got {priority!r}")
+    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+        raise SpecError("priority", "must be between -1000000 and 1000000")
+    if "min_residency" in body and "min_residency_s" in body:
+        raise SpecError("min_residency", "give min_residency or min_residency_s, not both")
+    residency = body.get("min_residency", body.get("min_residency_s"))
+    if residency is not None:
+        residency = parse_duration(residency, "min_residency", allow_zero=True)
     affinity = body.get("affinity")
     if affinity is False:  # YAML 1.1 reads a bare `off` as false
         affinity = "off"
@@ -294,4 +311,6 @@ def validate_spec(body) -> ModelSpec:
         min_replicas=min_replicas,
         scale_to_zero_after_s=scale_after,
         affinity=affinity,
+        priority=priority,
+        min_residency_s=residency,
     )

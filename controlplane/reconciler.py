@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from controlplane.fleet import Fleet
+from controlplane.fleet import Fleet, Reservation
 from controlplane.idle import IdleState
 from controlplane.model import ReplicaState, Schedulable, gpu_faults
-from controlplane.placement import Placer
+from controlplane.placement import Placer, eligible
+from controlplane.room import RoomInputs, duration, plan_room
 from controlplane.scaling import plan_idle_stops
 
 LIVE = {ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY}
@@ -63,11 +64,13 @@ class Reconciler:
         routes: RouteTable | None = None,
         node_timeout_s: float = 15.0,
         failed_retention_s: float = 600.0,
+        min_residency_s: float = 120.0,
     ) -> None:
         self.fleet = fleet
         self.routes = routes or RouteTable()
         self.node_timeout_s = node_timeout_s
         self.failed_retention_s = failed_retention_s
+        self.min_residency_s = min_residency_s  # for specs that do not set min_residency
         self.stops: dict[str, int] = {}  # replicas stopped for being idle, by who decided
 
     def tick(self) -> None:
@@ -75,10 +78,15 @@ class Reconciler:
         with fleet.store.batch():
             self._check_heartbeats()
             self._expire_failed()
-            placer = Placer(list(fleet.nodes.values()), fleet.held_gpus())
+            wanted = fleet.wanted()
+            self._place_on_reserved()
+            placer = Placer(
+                list(fleet.nodes.values()), fleet.held_gpus() | fleet.reserved_gpus().keys()
+            )
             for spec in list(fleet.specs.values()):
                 self._scale_down_idle(spec)
-                self._reconcile_model(spec, placer)
+                self._reconcile_model(spec, placer, wanted)
+            self._make_room(wanted)
             self._stop_orphans()
             self._stop_retired()
             fleet.flush_activity()
@@ -122,7 +130,7 @@ class Reconciler:
             ):
                 fleet.remove_replica(replica.id)
 
-    def _reconcile_model(self, spec, placer: Placer) -> None:
+    def _reconcile_model(self, spec, placer: Placer, wanted: dict[str, int]) -> None:
         fleet = self.fleet
         mine = [r for r in fleet.replicas.values() if r.model == spec.name and r.state in LIVE]
         draining = {n.name for n in fleet.nodes.values() if n.schedulable == Schedulable.DRAINING}
@@ -134,13 +142,22 @@ class Reconciler:
         replaced = [r for r in mine if r.id in degraded and not draining.intersection(r.nodes)]
         desired = fleet.desired(spec)
         missing = desired - len(staying)
-        if missing > 0:
+        if missing > 0 and spec.name in fleet.reservations:
+            pass  # room is being made for it: it goes where its GPUs are kept
+        elif missing > 0:
             outcome = placer.place(spec, missing)
             for placement in outcome.placements:
                 fleet.add_replica(spec.name, placement)
-            fleet.set_reason(spec.name, outcome.reason)
+            if outcome.reason and spec.floor == 0 and not wanted.get(spec.name):
+                # Nobody waits for it: at zero until a request comes, not an error.
+                fleet.set_scaled(spec.name, len(staying) + len(outcome.placements))
+                fleet.event(spec.name, f"at zero until a request comes: {outcome.reason}")
+                fleet.set_reason(spec.name, "")
+            elif spec.name not in fleet.room:
+                fleet.set_reason(spec.name, outcome.reason)
         else:
             fleet.set_reason(spec.name, "")
+            fleet.room.pop(spec.name, None)
         extra = len(staying) - desired
         if extra > 0:
             # Stop the least useful first: not ready, then the longest idle, then the newest.
@@ -165,6 +182,123 @@ class Reconciler:
             for replica in replaced:
                 why = "; ".join(gpu_faults(replica, fleet.nodes))
                 fleet.set_replica_state(replica, ReplicaState.STOPPING, f"replaced: {why}")
+
+    def _place_on_reserved(self) -> None:
+        """A model whose kept GPUs are free now (its victims stopped) is placed on them."""
+        fleet = self.fleet
+        held = fleet.held_gpus()
+        for model, kept in list(fleet.reservations.items()):
+            spec = fleet.specs.get(model)
+            usable = spec is not None and all(
+                (node := fleet.nodes.get(piece.node)) is not None and eligible(node)
+                for piece in kept.placement
+            )
+            if not usable:
+                del fleet.reservations[model]  # its model went, or a node: plan again
+                continue
+            if kept.gpus() & held:
+                continue  # a victim is still stopping
+            del fleet.reservations[model]
+            placed = sum(1 for r in fleet.replicas.values() if r.model == model and r.state in LIVE)
+            if placed >= fleet.desired(spec):
+                continue  # it found room elsewhere meanwhile
+            replica = fleet.add_replica(model, kept.placement)
+            fleet.swapping[replica.id] = (model, kept.since)
+            fleet.woken_at[model] = fleet.wall()  # not stopped for idleness before its time
+            fleet.room.pop(model, None)
+            fleet.set_reason(model, "")
+            fleet.event(
+                model,
+                f"placed on {', '.join(replica.nodes)} after stopping {', '.join(kept.victims)}",
+            )
+
+    def _make_room(self, wanted: dict[str, int]) -> None:
+        """Models with requests waiting that cannot be placed take the GPUs of replicas
+        nobody uses (controlplane/room.py); higher priority first, then the longest waiting."""
+        fleet = self.fleet
+        now = fleet.wall()
+        for model in list(fleet.demand_since):
+            if model not in wanted:
+                del fleet.demand_since[model]  # nobody waits any more
+        for model in list(fleet.room):
+            if model not in wanted:
+                del fleet.room[model]
+        short = []
+        for model in wanted:
+            spec = fleet.specs[model]
+            placed = sum(1 for r in fleet.replicas.values() if r.model == model and r.state in LIVE)
+            if placed < fleet.desired(spec) and model not in fleet.reservations:
+                fleet.demand_since.setdefault(model, now)
+                short.append(spec)
+        short.sort(key=lambda s: (-s.priority, fleet.demand_since[s.name], s.name))
+        for spec in short:
+            placer = Placer(
+                list(fleet.nodes.values()), fleet.held_gpus() | fleet.reserved_gpus().keys()
+            )
+            if placer.place(spec, 1).placements:
+                continue  # it fits now: the next tick places it
+            self._take_room(spec, wanted[spec.name], now)
+
+    def _take_room(self, spec, waiting: int, now: float) -> None:
+        fleet = self.fleet
+        ids = list(fleet.replicas)
+        plan = plan_room(
+            spec,
+            RoomInputs(
+                nodes=list(fleet.nodes.values()),
+                replicas=list(fleet.replicas.values()),
+                specs=dict(fleet.specs),
+                desired={name: fleet.desired(s) for name, s in fleet.specs.items()},
+                idle=fleet.idle.idle_map(ids, now),
+                in_flight=fleet.idle.in_flight(now),
+                silent_holders=fleet.idle.silent_holders(ids, now),
+                reserved=fleet.reserved_gpus(),
+                now=now,
+                default_residency_s=self.min_residency_s,
+            ),
+        )
+        if plan.placement is None:
+            placement_reason = fleet.reasons.get(spec.name, "")
+            if plan.final:
+                why = f"no room can be made: {plan.reason}" if plan.blockers else ""
+                reason = "; ".join(x for x in (placement_reason, why) if x)
+            else:
+                reason = f"waiting for room: {plan.reason}"
+            blocking = [b.replica for b in plan.blockers]
+            before = fleet.room.get(spec.name)
+            fleet.room[spec.name] = {
+                "reason": reason,
+                "victims": [],
+                "blocking": blocking,
+                "final": plan.final,
+            }
+            same = before is not None and before.get("blocking") == blocking
+            fleet.set_reason(spec.name, reason, quiet=same)
+            return
+        if not plan.victims:
+            return
+        names = ", ".join(v.id for v in plan.victims)
+        for victim in plan.victims:
+            seconds, state = fleet.idle.idle_for(victim.id)
+            bound = "≥" if state == IdleState.AT_LEAST else ""
+            fleet.retire(
+                victim,
+                f"stopped to make room for {spec.name}: {waiting} request(s) waiting;"
+                f" idle {bound}{duration(seconds)}; route withdrawn",
+            )
+            fleet.event(victim.model, f"replica {victim.id} stopped to make room for {spec.name}")
+            self.stops["room"] = self.stops.get("room", 0) + 1
+        fleet.reservations[spec.name] = Reservation(
+            spec.name, plan.placement, [v.id for v in plan.victims], fleet.demand_since[spec.name]
+        )
+        nodes = ", ".join(piece.node for piece in plan.placement)
+        reason = f"waiting for room: stopping {names} on {nodes}"
+        fleet.room[spec.name] = {
+            "reason": reason,
+            "victims": [v.id for v in plan.victims],
+            "final": False,
+        }
+        fleet.set_reason(spec.name, reason)
 
     def _scale_down_idle(self, spec) -> None:
         """Models with `scale_to_zero_after`: replicas idle that long go, down to min_replicas."""

@@ -26,10 +26,11 @@ async def serve(
     tick_s: float = 1.0,
     node_timeout_s: float = 15.0,
     router_live_s: float = 10.0,
+    min_residency_s: float = 120.0,
 ) -> None:
     store = SqliteStore(state_path)
     fleet = Fleet(store, IdleTracker(live_window_s=router_live_s, clock=time.time))
-    reconciler = Reconciler(fleet, node_timeout_s=node_timeout_s)
+    reconciler = Reconciler(fleet, node_timeout_s=node_timeout_s, min_residency_s=min_residency_s)
     reconciler.tick()
     wake = asyncio.Event()
     app = build_app(fleet, reconciler, tokens, wake)

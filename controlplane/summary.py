@@ -112,9 +112,16 @@ def replica_rows(snap: FleetSnapshot) -> list[dict]:
     return rows
 
 
-def model_state(desired: int, ready: int, reason: str, waiting: int = 0) -> str:
+SWAP_WINDOW_S = 3600.0
+
+
+def model_state(
+    desired: int, ready: int, reason: str, waiting: int = 0, room: dict | None = None
+) -> str:
     if desired == 0:
         return "ScaledToZero"
+    if room is not None and not room["final"] and ready < desired:
+        return "WaitingForRoom"
     if ready == 0 and waiting and not reason:
         return "Waking"
     if reason and ready == 0:
@@ -135,6 +142,7 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
         reason = snap.reasons.get(spec.name, "")
         desired = snap.desired.get(spec.name, spec.replicas)
         waiting = snap.waiting.get(spec.name, 0)
+        room = snap.room.get(spec.name)
         rows.append(
             {
                 "name": spec.name,
@@ -148,8 +156,11 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
                 "waiting": waiting,
                 "ready": ready,
                 "replicas_by_state": dict(sorted(states.items())),
-                "state": model_state(desired, ready, reason, waiting),
+                "state": model_state(desired, ready, reason, waiting, room),
                 "reason": reason,
+                "priority": spec.priority,
+                "min_residency_s": spec.min_residency_s,
+                "room_victims": list(room["victims"]) if room else [],
                 "idle_after_s": spec.idle_after_s,
                 "generation": spec.generation,
             }
@@ -229,6 +240,12 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             ),
             "waking": {r["name"]: r["waiting"] for r in models if r["state"] == "Waking"},
         },
+        "room": {
+            "swaps_last_hour": sum(1 for at, _, _ in snap.swaps if snap.now - at <= SWAP_WINDOW_S),
+            "waiting_for_room": {
+                r["name"]: r["reason"] for r in models if r["state"] == "WaitingForRoom"
+            },
+        },
         "waiting": dict(snap.waiting),
         "unplaceable": [
             {
@@ -238,7 +255,7 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
                 "nodes_per_replica": r["nodes_per_replica"],
             }
             for r in models
-            if r["reason"]
+            if r["reason"] and r["state"] != "WaitingForRoom"
         ],
         "idle": {
             "threshold_s": idle_after_s,

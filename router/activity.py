@@ -75,9 +75,10 @@ class ActivityReporter:
                 log.warning("activity report failed %d time(s): %s", self.failures, exc)
             return False
 
-    async def demand(self, model: str, waiting: int) -> str:
+    async def demand(self, model: str, waiting: int) -> tuple[str, bool]:
         """Tell the control plane at once that requests wait for `model`. Returns why it
-        cannot be placed ("" when it can, or when the control plane could not be asked)."""
+        cannot be placed ("" when it can, or when the control plane could not be asked) and
+        whether that is final (no room can be made for it: answer its requests now)."""
         url = self.url.rsplit("/v1/", 1)[0] + "/v1/demand"
         try:
             timeout = aiohttp.ClientTimeout(total=10)
@@ -88,7 +89,10 @@ class ActivityReporter:
                 answer = await resp.json(content_type=None)
                 if resp.status >= 300:
                     raise RuntimeError(f"HTTP {resp.status}: {answer}")
-            return "" if answer.get("ready") else str(answer.get("reason") or "")
+            if answer.get("ready"):
+                return "", False
+            # A control plane that does not say whether is one that makes no room: final.
+            return str(answer.get("reason") or ""), bool(answer.get("final", True))
         except Exception as exc:  # the parked requests wait on; the next demand tries again
             log.warning("demand for %s not heard: %s", model, exc)
-            return ""
+            return "", False

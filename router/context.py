@@ -76,6 +76,9 @@ class ProxyContext:
         # with a control plane to wake the model (`on_demand`); without one, 503 at once.
         self.parked: dict[str, deque] = {}
         self.parked_since: dict[str, float] = {}
+        # model -> why room for it is still being made: what its waiting requests are told if
+        # they wait out the park timeout
+        self.waiting_reason: dict[str, str] = {}
         self.on_demand: Callable[[str, int], None] | None = None
         self.affinity_by_model: dict[str, str] = {}  # per-model overrides of config.affinity
         # Settings read on every request, kept as typed attributes of their own.
@@ -163,11 +166,13 @@ class ProxyContext:
         if not queue:
             del self.parked[model]
             self.parked_since.pop(model, None)
+            self.waiting_reason.pop(model, None)
 
     def resume_parked(self) -> None:
         """After a new routing table: the requests held for models that now have a replica go."""
         for model in [m for m in self.parked if self.table.endpoints(m)]:
             queue = self.parked.pop(model)
+            self.waiting_reason.pop(model, None)
             self.metrics.parked[model] = 0
             self.metrics.woke(model, self.clock() - self.parked_since.pop(model))
             for exchange in queue:
@@ -177,6 +182,7 @@ class ProxyContext:
         """The model cannot be placed: its held requests are answered now, with why."""
         queue = self.parked.pop(model, ())
         self.parked_since.pop(model, None)
+        self.waiting_reason.pop(model, None)
         self.metrics.parked[model] = 0
         for exchange in queue:
             exchange.refuse_waiting(reason)

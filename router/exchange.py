@@ -416,9 +416,14 @@ class Exchange(ResponseListener):
         try:
             if self.stage is WAITING and now >= self.deadline:
                 waited = round(self.ctx.config.park_timeout_s)
+                why = self.ctx.waiting_reason.get(self.routed_model)
                 self._finish(
                     503,
-                    error=(f"no replica of `{self.model}` came within {waited}s; retry later",),
+                    error=(
+                        f"no replica of `{self.model}` came within {waited}s"
+                        + (f" ({why})" if why else "")
+                        + "; retry later",
+                    ),
                     extra=b"retry-after: 5\r\n",
                 )
                 return

@@ -180,9 +180,11 @@ class RouterServer:
         """Requests wait for `model`: tell the control plane now, not at the next tick."""
 
         async def demand():
-            reason = await self.reporter.demand(model, waiting)
-            if reason:
+            reason, final = await self.reporter.demand(model, waiting)
+            if reason and final:
                 ctx.refuse_parked(model, reason)
+            elif reason and model in ctx.parked:
+                ctx.waiting_reason[model] = reason  # room is being made, or may be: wait
 
         task = asyncio.create_task(demand())
         self.demands.add(task)  # held until done: the loop keeps only weak references
