@@ -286,7 +286,6 @@ class Reconciler:
                 f"stopped to make room for {spec.name}: {waiting} request(s) waiting;"
                 f" idle {bound}{duration(seconds)}; route withdrawn",
             )
-            fleet.event(victim.model, f"replica {victim.id} stopped to make room for {spec.name}")
             self.stops["room"] = self.stops.get("room", 0) + 1
         fleet.reservations[spec.name] = Reservation(
             spec.name, plan.placement, [v.id for v in plan.victims], fleet.demand_since[spec.name]

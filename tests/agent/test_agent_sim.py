@@ -16,13 +16,20 @@ FLEET = {"fabrics": [{"name": "ib-a", "nodes": 2, "gpu_class": "H100-80GB", "gpu
 
 
 class SimFleet:
-    def __init__(self, procs, tmp_path):
+    def __init__(self, procs, tmp_path, fleet=FLEET, server_args=()):
         self.procs = procs
         self.tmp = tmp_path
         self.fleet_file = tmp_path / "fleet.yaml"
-        self.fleet_file.write_text(yaml.safe_dump(FLEET))
+        self.fleet_file.write_text(yaml.safe_dump(fleet))
         self.url, _ = control_plane(
-            procs, tmp_path / "state.sqlite", None, "--tick", "0.2", "--node-timeout", "2"
+            procs,
+            tmp_path / "state.sqlite",
+            None,
+            "--tick",
+            "0.2",
+            "--node-timeout",
+            "2",
+            *server_args,
         )
         self.admin_port = free_port()
         self.agent = self.start_agent()
