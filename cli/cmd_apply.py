@@ -60,6 +60,7 @@ def apply(ctx: Context, path: str, dry_run: bool, output: str):
         {"items": results},
         lambda wide: "\n".join(
             f"{name} {answer['result']}{suffix}"
+            + "".join(f"\n  {line}" for line in answer.get("explain", []))
             for name, answer in zip(names, results, strict=True)
         ),
         names,

@@ -7,6 +7,7 @@ import hmac
 import orjson
 from aiohttp import web
 
+from controlplane.explain import explain
 from controlplane.fleet import BadRequest, Conflict, Fleet, NotFound
 from controlplane.idle import ReportError
 from controlplane.metrics import exposition
@@ -265,7 +266,10 @@ async def apply_model(request: web.Request) -> web.Response:
     dry_run = request.query.get("dry_run", "") in ("1", "true")
     spec, outcome = request.app[FLEET_KEY].apply(await body_of(request), dry_run=dry_run)
     if dry_run:
-        return json_response({"spec": spec.to_dict(), "result": outcome, "dry_run": True})
+        explained = explain(spec, request.app[RECONCILER_KEY].min_residency_s)
+        return json_response(
+            {"spec": spec.to_dict(), "result": outcome, "dry_run": True, "explain": explained}
+        )
     wake(request)
     return json_response(
         {"spec": spec.to_dict(), "result": outcome}, 201 if outcome == "created" else 200

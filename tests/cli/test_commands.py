@@ -138,15 +138,38 @@ def test_one_output_vocabulary_on_every_command(cp, tmp_path):
     assert version.exit_code == 0 and version.output.startswith("gpuctl, version ")
 
 
+def write(tmp_path, body):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
 def test_apply_dry_run_checks_on_the_server_and_stores_nothing(cp, tmp_path):
     auth = ["--server", cp, "--token", "sekret"]
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(yaml.safe_dump(spec(name="llama")))
     bad.write_text(yaml.safe_dump(spec(name="llama", gpus_per_replica=0)))
     result = run(*auth, "apply", "-f", str(good), "--dry-run")
-    assert result.output == "model/llama created (dry run)\n"
+    assert result.output.splitlines() == [
+        "model/llama created (dry run)",
+        "  keeps 1 replica(s); idleness stops none",
+        "  priority 0: with requests waiting and no free GPUs, it may take the GPUs of idle"
+        " replicas of models of priority 0 or lower",
+        "  none of its replicas is ever taken for another model (min_replicas)",
+    ]
     refused = run(*auth, "apply", "-f", str(bad), "--dry-run")
     assert refused.exit_code == 1 and "gpus_per_replica" in refused.output
+    swappable = tmp_path / "swappable.yaml"
+    swappable.write_text(
+        yaml.safe_dump(spec(name="llama", min_replicas=0, priority=-2, scale_to_zero_after="10m"))
+    )
+    explained = run(*auth, "apply", "-f", str(swappable), "--dry-run").output
+    assert "scales from 1 down to 0 replica(s) after 10m unused" in explained
+    assert "min_residency 2m (the server's default): once Ready" in explained
+    assert "priority -2 or higher for 2m" in explained
+    for field, value in (("priority", "high"), ("priority", True), ("min_residency", "-1s")):
+        refused = run(*auth, "apply", "-f", str(write(tmp_path, spec(**{field: value}))))
+        assert refused.exit_code == 1 and field in refused.output, (field, refused.output)
     assert call("GET", cp + "/v1/models")[1]["items"] == []
 
 

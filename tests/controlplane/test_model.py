@@ -25,12 +25,26 @@ def test_a_good_spec_with_defaults():
         ({"health_path": "health"}, "health_path"),
         ({"idle_after": "soon"}, "idle_after"),
         ({"gpu_class": None}, "gpu_class"),
+        ({"priority": "high"}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"priority": False}, "priority"),
+        ({"priority": 10**7}, "priority"),
+        ({"min_residency": "soon"}, "min_residency"),
+        ({"min_residency": -5}, "min_residency"),
+        ({"min_residency": "1m", "min_residency_s": 60}, "min_residency"),
     ],
 )
 def test_bad_specs_name_the_field(change, field):
     with pytest.raises(SpecError) as refused:
         validate_spec({**spec(), **change})
     assert refused.value.field == field
+
+
+def test_room_fields_default_and_parse():
+    plain = validate_spec(spec())
+    assert (plain.priority, plain.min_residency_s) == (0, None)
+    tuned = validate_spec({**spec(), "priority": -3, "min_residency": "0s"})
+    assert (tuned.priority, tuned.min_residency_s) == (-3, 0.0)
 
 
 def test_durations():

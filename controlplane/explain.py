@@ -1,0 +1,34 @@
+"""What a spec's scaling and room fields will do, in an operator's words (`apply --dry-run`)."""
+
+from __future__ import annotations
+
+from controlplane.model import ModelSpec
+from controlplane.room import duration, residency
+
+
+def explain(spec: ModelSpec, default_residency_s: float) -> list[str]:
+    lines = []
+    floor = spec.floor
+    if spec.scale_to_zero_after_s is not None and floor < spec.replicas:
+        lines.append(
+            f"scales from {spec.replicas} down to {floor} replica(s) after"
+            f" {duration(spec.scale_to_zero_after_s)} unused; a request wakes it"
+        )
+    else:
+        lines.append(f"keeps {spec.replicas} replica(s); idleness stops none")
+    if floor == 0:
+        lines.append("when it does not fit and nobody asks for it, it waits at zero")
+    lines.append(
+        f"priority {spec.priority}: with requests waiting and no free GPUs, it may take the GPUs"
+        f" of idle replicas of models of priority {spec.priority} or lower"
+    )
+    kept = residency(spec, default_residency_s)
+    source = "" if spec.min_residency_s is not None else " (the server's default)"
+    if floor >= spec.replicas:
+        lines.append("none of its replicas is ever taken for another model (min_replicas)")
+    else:
+        lines.append(
+            f"min_residency {duration(kept)}{source}: once Ready, a replica of it is not taken"
+            f" for another model of priority {spec.priority} or higher for {duration(kept)}"
+        )
+    return lines
