@@ -41,10 +41,16 @@ DEMO_COMMAND = [
 RESTARTS_PER_MINUTE = 5
 
 
-def demo_models(gpu_classes: list[str]) -> list[dict]:
+def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list[dict]:
+    """Two models that fit, and a third that fits only on the cards of the second: more
+    models than cards, swapped on request (min_replicas 0, a short min_residency)."""
     first = gpu_classes[0]
     second = gpu_classes[1] if len(gpu_classes) > 1 else first
-    return [
+    sizes = [n["gpus_by_class"][second]["total"] for n in nodes or [] if second in n["gpu_classes"]]
+    # Whole nodes of the second class, as many as there are (at most 2): the second model's
+    # replica sits on one of them, so the third is placed only by taking its GPUs.
+    big = {"gpus_per_replica": min(sizes), "nodes_per_replica": min(len(sizes), 2)} if sizes else {}
+    models = [
         {
             "name": "llama-3.1-8b",
             "gpu_class": first,
@@ -60,8 +66,25 @@ def demo_models(gpu_classes: list[str]) -> list[dict]:
             "gpus_per_replica": 2,
             "command": DEMO_COMMAND,
             "idle_after": "30m",
+            "min_replicas": 0,
+            "scale_to_zero_after": "30m",
+            "min_residency": "30s",
         },
     ]
+    if big and big["gpus_per_replica"] >= 2:
+        models.append(
+            {
+                "name": "llama-3.1-405b",
+                "gpu_class": second,
+                "replicas": 1,
+                "min_replicas": 0,
+                "scale_to_zero_after": "10m",
+                "command": DEMO_COMMAND,
+                "idle_after": "30m",
+                **big,
+            }
+        )
+    return models
 
 
 def program(name: str) -> list[str]:
@@ -275,13 +298,16 @@ class FleetUp:
             m["name"] for m in client.request(self.server_url, "GET", "/v1/models")["items"]
         }
         names = []
-        for spec in demo_models(classes):
+        for spec in demo_models(classes, nodes):
             names.append(spec["name"])
             if spec["name"] not in existing:
                 client.request(self.server_url, "POST", "/v1/models", spec, token=self.admin_token)
+                across = spec.get("nodes_per_replica", 1)
                 self.echo(
                     f"  applied model {spec['name']} ({spec['replicas']} x "
-                    f"{spec['gpus_per_replica']} {spec['gpu_class']})"
+                    f"{spec['gpus_per_replica']} {spec['gpu_class']}"
+                    + (f" on each of {across} nodes" if across > 1 else "")
+                    + ")"
                 )
         self.echo("  waiting for replicas ", nl=False)
         deadline = time.monotonic() + timeout_s

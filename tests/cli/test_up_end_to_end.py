@@ -143,6 +143,29 @@ def test_gpuctl_up_end_to_end(tmp_path):
         ]
         assert len(engines) == 3
         children += engines
+
+        # More models than cards: the third demo model fits only on the cards qwen holds.
+        gpuctl("sim", "gpu-heal", node, str(free_gpu))
+        wait_until(lambda: status()["capacity"]["H100-80GB"]["unhealthy"] == 0, what="healed")
+        big = json.loads(gpuctl("models", "llama-3.1-405b", "-o", "json"))
+        assert big["state"] == "ScaledToZero" and not big["reason"], big
+        wait_until(
+            lambda: replicas()[unused[0]["id"]]["age_s"] >= 31, 40, "qwen's min_residency"
+        )
+        answer = api.chat.completions.create(
+            model="llama-3.1-405b", messages=[{"role": "user", "content": "hi"}], timeout=60
+        )
+        assert answer.choices[0].message.content
+        swapped = status()
+        assert swapped["room"]["swaps_last_hour"] == 1
+        assert swapped["capacity"]["H100-80GB"]["used"] == 16
+        models = {m["name"]: m for m in json.loads(gpuctl("models", "-o", "json"))["items"]}
+        assert models["qwen2.5-7b"]["state"] == "ScaledToZero"
+        assert models["llama-3.1-405b"]["state"] == "Ready"
+        children += [
+            json.loads(p.read_text())["pid"]
+            for p in (fleet_dir / "agent" / "nodes").glob("*/replicas/*.json")
+        ]
     finally:
         up.send_signal(signal.SIGINT)
         try:
