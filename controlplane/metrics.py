@@ -6,6 +6,7 @@ state, so dashboards sum and filter them. Label values are escaped as the format
 
 from __future__ import annotations
 
+from controlplane.histogram import SWAP_BUCKETS, Histogram
 from controlplane.summary import ROUTER_STATES
 
 NODE_STATES = ("ready", "not_ready", "cordoned", "draining")
@@ -118,11 +119,10 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
         "Replicas placed on GPUs freed for them by stopping replicas nobody used, by model placed.",
         (({"model": m["name"]}, stats.get("swap_totals", {}).get(m["name"], 0)) for m in models),
     )
-    if "swap_seconds" in stats:
-        out += stats["swap_seconds"].lines(
-            "gpufleet_swap_seconds",
-            "From the first waiting request to the swapped-in replica Ready.",
-        )
+    out += (stats.get("swap_seconds") or Histogram(SWAP_BUCKETS)).lines(
+        "gpufleet_swap_seconds",
+        "From the first waiting request to the swapped-in replica Ready.",
+    )
     out += family(
         "gpufleet_models_waiting_for_room",
         "gauge",

@@ -205,12 +205,12 @@ class Reconciler:
             replica = fleet.add_replica(model, kept.placement)
             fleet.swapping[replica.id] = (model, kept.since)
             fleet.woken_at[model] = fleet.wall()  # not stopped for idleness before its time
-            fleet.room.pop(model, None)
-            fleet.set_reason(model, "")
             fleet.event(
                 model,
                 f"placed on {', '.join(replica.nodes)} after stopping {', '.join(kept.victims)}",
             )
+            fleet.room.pop(model, None)
+            fleet.set_reason(model, "")
 
     def _make_room(self, wanted: dict[str, int]) -> None:
         """Models with requests waiting that cannot be placed take the GPUs of replicas
