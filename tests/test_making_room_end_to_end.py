@@ -23,10 +23,10 @@ STARTUP_S = 1.0
 RESIDENCY_S = 3.0
 
 
-def whole_node_spec(name, **fields):
+def whole_node_spec(name, startup_s=STARTUP_S, **fields):
     command = [
         "gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}",
-        "--startup-delay", str(STARTUP_S), "--ttft", "0.02", "--tokens-per-s", "20",
+        "--startup-delay", str(startup_s), "--ttft", "0.02", "--tokens-per-s", "20",
         "--output-tokens", "100",
     ]  # fmt: skip
     fields = {
@@ -56,11 +56,12 @@ def ready_replicas(fleet, name):
     return [r for r in fleet.replicas("Ready") if r["model"] == name]
 
 
-def start(procs, tmp_path, *server_args, models=("alpha", "beta"), **fields):
+def start(procs, tmp_path, *server_args, models=("alpha", "beta"), startup_s=STARTUP_S, **fields):
     """The fleet with `models` applied in order: the first placed and Ready, the rest at zero."""
     fleet = SimFleet(procs, tmp_path, fleet=ONE_NODE, server_args=server_args)
     for name in models:
-        call("POST", fleet.url + "/v1/models", whole_node_spec(name, **fields.get(name, {})))
+        body = whole_node_spec(name, startup_s, **fields.get(name, {}))
+        call("POST", fleet.url + "/v1/models", body)
     wait_until(lambda: ready_replicas(fleet, models[0]), timeout=30, what=f"{models[0]} Ready")
     return fleet
 
