@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from controlplane.model import ModelSpec
-from controlplane.room import duration, residency
+from controlplane.model import format_duration as duration
+from controlplane.room import residency
 
 
 def explain(spec: ModelSpec, default_residency_s: float) -> list[str]:

@@ -110,14 +110,26 @@ class ModelSpec:
     affinity: str | None = None  # off | session | prefix; None: each router's --affinity
     priority: int = 0  # a waiting model may take room from models of its priority or lower
     min_residency_s: float | None = None  # Ready this long before it may be taken; None: server's
+    max_replicas: int | None = None  # None: `replicas`
+    target_in_flight: float | None = None  # set: autoscaled on load, this many per replica
+    scale_down_delay_s: float = 300.0  # lower for this long before scaling in
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @property
     def floor(self) -> int:
-        """The fewest replicas idleness may leave running."""
+        """The fewest replicas idleness (or a light load) may leave running."""
         return self.replicas if self.min_replicas is None else self.min_replicas
+
+    @property
+    def ceiling(self) -> int:
+        """The most replicas load may ask for."""
+        return self.replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.target_in_flight is not None
 
 
 @dataclass
@@ -194,9 +206,23 @@ SPEC_FIELDS = {
     "priority",
     "min_residency",
     "min_residency_s",
+    "max_replicas",
+    "target_in_flight",
+    "scale_down_delay",
+    "scale_down_delay_s",
 }
 PRIORITY_RANGE = (-1_000_000, 1_000_000)
 AFFINITY_MODES = ("off", "session", "prefix")
+
+
+def format_duration(seconds: float) -> str:
+    """90 -> 90s, 120 -> 2m, 7200 -> 2h: the shortest exact unit."""
+    seconds = int(round(seconds))
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
 
 
 def parse_duration(value, field_name: str, allow_zero: bool = False) -> float:
@@ -282,6 +308,23 @@ def validate_spec(body) -> ModelSpec:
     scale_after = body.get("scale_to_zero_after", body.get("scale_to_zero_after_s"))
     if scale_after is not None:
         scale_after = parse_duration(scale_after, "scale_to_zero_after")
+    max_replicas = None
+    if body.get("max_replicas") is not None:
+        max_replicas = _positive_int(body, "max_replicas", 0, allow_zero=True)
+        if max_replicas < replicas:
+            raise SpecError("max_replicas", f"must be at least replicas ({replicas})")
+    target = body.get("target_in_flight")
+    if target is not None and (
+        isinstance(target, bool) or not isinstance(target, int | float) or target <= 0
+    ):
+        raise SpecError("target_in_flight", f"a positive number of requests, got {target!r}")
+    if target is None and max_replicas is not None and max_replicas > replicas:
+        raise SpecError(
+            "target_in_flight", "required with max_replicas above replicas: it is what scales"
+        )
+    if "scale_down_delay" in body and "scale_down_delay_s" in body:
+        raise SpecError("scale_down_delay", "give scale_down_delay or _s, not both")
+    delay = body.get("scale_down_delay", body.get("scale_down_delay_s", 300))
     priority = body.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise SpecError("priority", f"expected an integer, got {priority!r}")
@@ -313,4 +356,7 @@ def validate_spec(body) -> ModelSpec:
         affinity=affinity,
         priority=priority,
         min_residency_s=residency,
+        max_replicas=max_replicas,
+        target_in_flight=None if target is None else float(target),
+        scale_down_delay_s=parse_duration(delay, "scale_down_delay"),
     )

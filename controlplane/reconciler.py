@@ -14,8 +14,9 @@ import time
 from controlplane.fleet import Fleet, Reservation
 from controlplane.idle import IdleState
 from controlplane.model import ReplicaState, Schedulable, gpu_faults
+from controlplane.model import format_duration as duration
 from controlplane.placement import Placer, eligible
-from controlplane.room import RoomInputs, duration, plan_room
+from controlplane.room import RoomInputs, plan_room
 from controlplane.scaling import plan_idle_stops
 
 LIVE = {ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY}

@@ -26,6 +26,7 @@ from itertools import combinations
 
 from controlplane.idle import IdleState
 from controlplane.model import HOLDING, ModelSpec, Node, Replica, ReplicaState, Slice
+from controlplane.model import format_duration as duration
 from controlplane.placement import eligible
 
 # Beyond this many candidates on one node the exact search (every subset) gives way to a
@@ -79,15 +80,6 @@ class RoomInputs:
 
 def residency(spec: ModelSpec, default_s: float) -> float:
     return default_s if spec.min_residency_s is None else spec.min_residency_s
-
-
-def duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{seconds // 3600}h"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{seconds // 60}m"
-    return f"{seconds}s"
 
 
 def why_not(replica: Replica, waiting: ModelSpec, inputs: RoomInputs) -> Blocker | None:

@@ -1,0 +1,127 @@
+"""Autoscaling on load as a pure step: cases, then properties over random loads and windows."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.autoscale import Window, decide, recommend
+from controlplane.model import ModelSpec
+
+T0 = 1_000_000.0
+
+
+def spec(target=4, low=1, start=1, high=4, delay=60.0):
+    return ModelSpec(
+        name="m",
+        gpu_class="H100-80GB",
+        command=["x"],
+        replicas=start,
+        min_replicas=low,
+        max_replicas=high,
+        target_in_flight=target,
+        scale_down_delay_s=delay,
+    )
+
+
+def test_a_step_of_load_doubles_a_tick_up_to_what_it_needs():
+    s = spec()
+    first = decide(s, current=1, ready=1, in_flight=16, waiting=0, window=None, now=T0)
+    assert (first.replicas, first.recommended) == (2, 4)
+    assert first.reason == "16 in flight, target 4 -> 4 (now 2)"
+    second = decide(s, 2, 1, 16, 0, first.window, T0 + 1)
+    assert second.replicas == 4 and second.reason == "16 in flight, target 4 -> 4"
+
+
+def test_from_no_ready_replica_straight_to_what_the_waiting_requests_need():
+    s = spec(low=0, start=0, high=8)
+    decision = decide(s, current=1, ready=0, in_flight=0, waiting=12, window=None, now=T0)
+    assert decision.replicas == 3
+    assert decision.reason == "0 in flight, 12 waiting, target 4 -> 3"
+
+
+def test_in_only_after_the_whole_delay_lower_one_a_tick():
+    s = spec(delay=60)
+    window = None
+    counts = []
+    current = 4
+    for second in range(0, 70):
+        d = decide(s, current, current, 0, 0, window, T0 + second)
+        window, current = d.window, d.replicas
+        counts.append(current)
+    assert counts[:60] == [4] * 60, "not before scale_down_delay"
+    assert counts[60:63] == [3, 2, 1] and counts[-1] == 1
+
+
+def test_the_highest_recommendation_over_the_window_wins():
+    s = spec(delay=60)
+    window = decide(s, 4, 4, 16, 0, None, T0).window  # 4 wanted from T0
+    window = decide(s, 4, 4, 12, 0, window, T0 + 30).window  # 3 from T0 + 30
+    window = decide(s, 4, 4, 4, 0, window, T0 + 40).window  # 1 from T0 + 40
+    assert decide(s, 4, 4, 4, 0, window, T0 + 89).replicas == 4, "4 was asked at T0 + 29"
+    in_once = decide(s, 4, 4, 4, 0, window, T0 + 91)
+    assert in_once.replicas == 3, "4 left the window; 3 is its highest, so in"
+    assert decide(s, 3, 3, 4, 0, in_once.window, T0 + 95).replicas == 3, "3 still in it"
+    assert decide(s, 3, 3, 4, 0, in_once.window, T0 + 101).replicas == 2
+
+
+def test_a_silent_router_freezes_scale_in_and_a_restart_keeps_the_window():
+    s = spec(delay=60)
+    window = decide(s, 4, 4, 0, 0, None, T0).window
+    frozen = decide(s, 4, 4, 0, 0, window, T0 + 120, silent_router="edge-2")
+    assert frozen.replicas == 4 and "silent router edge-2" in frozen.reason
+    restored = Window.from_dict(window.to_dict())
+    assert decide(s, 4, 4, 0, 0, restored, T0 + 30).replicas == 4, "not early after a restart"
+    assert decide(s, 4, 4, 0, 0, restored, T0 + 61).replicas == 3, "nor forgotten"
+
+
+def test_the_smaller_count_is_not_taken_when_it_would_be_over_target():
+    s = spec(target=4, delay=10)
+    window = Window([(T0, 1)], since=T0)
+    # 5 in flight on 2: recommended ceil(5/4) = 2 -> stays. A target that rounds is the case
+    # Dynamo met; ceil keeps the check from ever firing here, and it stays as the guard.
+    assert decide(s, 2, 2, 5, 0, window, T0 + 20).replicas == 2
+
+
+@st.composite
+def scenes(draw):
+    low = draw(st.integers(0, 3))
+    start = draw(st.integers(low, 5))
+    high = draw(st.integers(start, 9))
+    s = spec(
+        target=draw(st.sampled_from([1, 2, 4, 2.5])),
+        low=low,
+        start=start,
+        high=high,
+        delay=draw(st.sampled_from([10.0, 60.0])),
+    )
+    steps = draw(
+        st.lists(
+            st.tuples(st.integers(0, 40), st.integers(0, 10), st.booleans(), st.floats(0.5, 30)),
+            min_size=1,
+            max_size=40,
+        )
+    )
+    return s, steps
+
+
+@settings(max_examples=500, deadline=None)
+@given(scenes())
+def test_bounds_monotone_and_never_in_under_a_silent_router(scene):
+    s, steps = scene
+    window, current, now = None, s.replicas, T0
+    for in_flight, waiting, silent, dt in steps:
+        now += dt
+        d = decide(s, current, current, in_flight, waiting, window, now, "r9" if silent else "")
+        assert s.floor <= d.replicas <= s.ceiling
+        if silent:
+            assert d.replicas >= current, "never in while a silent router holds the model"
+        if waiting and s.ceiling:
+            assert d.replicas >= 1, "at least one while requests wait"
+        if d.replicas < current:
+            assert d.replicas == current - 1, "one a tick inward"
+        if d.replicas > current:
+            assert d.replicas <= max(2 * current, 1) or current == 0
+        window, current = d.window, d.replicas
+    # Monotone: more load never recommends fewer replicas.
+    for load in range(0, 40):
+        assert recommend(s, load, 0) <= recommend(s, load + 1, 0)
+        assert recommend(s, load, 1) >= recommend(s, load, 0)
