@@ -77,15 +77,20 @@ def model_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers += ["NODES/REPLICA", "IDLE AFTER", "GEN", "REASON"] if wide else ["REASON"]
     rows = []
     for m in items:
-        # SCALE: ready / kept now (fewer than the spec's while scaled down) / the floor
+        # SCALE: ready / kept now (fewer than the spec's while scaled down, anywhere within
+        # the bounds when autoscaled) / the floor, and `..max` when load moves it
         scale = f"{m['ready']}/{m['desired']}/{m['min_replicas']}"
+        scaling = m.get("autoscale")
+        if m.get("target_in_flight") is not None:
+            scale += f"..{m['max_replicas']}"
         row = [m["name"], m["gpu_class"], gpus_per_replica(m), scale]
         row.append(m["state"])
         if wide:
             row += [m["nodes_per_replica"], duration(m["idle_after_s"]), m["generation"]]
         # The row already names the model and its READY count: the reason starts at what is
         # missing ("needs 8 free H100-80GB GPUs on one node; the best ... has 6").
-        row.append(m["reason"].partition(" cannot be placed: ")[2] or m["reason"] or "-")
+        reason = m["reason"].partition(" cannot be placed: ")[2] or m["reason"]
+        row.append(reason or (scaling["reason"] if scaling else "") or "-")
         rows.append(row)
     return table(headers, rows, no_headers, right={2}, width=width)
 
@@ -161,6 +166,14 @@ def describe_model(m: dict, wide: bool) -> str:
         f"GENERATION   {m['generation']}",
         f"COMMAND      {' '.join(spec['command'])}",
     ]
+    if m.get("target_in_flight") is not None:
+        target = m["target_in_flight"]
+        lines.append(
+            f"AUTOSCALE    {m['min_replicas']}..{m['max_replicas']} replicas,"
+            f" {target:g} in flight each, in after {duration(m['scale_down_delay_s'])} lower"
+        )
+        if m.get("autoscale"):
+            lines.append(f"LOAD         {m['autoscale']['reason']}")
     if m["reason"]:
         lines.append(f"REASON       {m['reason']}")
     lines += ["", "REPLICAS"]

@@ -11,6 +11,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from controlplane.autoscale import Window
 from controlplane.histogram import SWAP_BUCKETS, Histogram
 from controlplane.idle import IdleState, IdleTracker, Router
 from controlplane.model import (
@@ -62,6 +63,7 @@ class FleetSnapshot:
     # model -> {"reason", "victims", "final"}: waiting for room, or told it will get none
     room: dict[str, dict] = field(default_factory=dict)
     swaps: list[tuple[float, str, float]] = field(default_factory=list)  # (at, model, seconds)
+    autoscale: dict[str, dict] = field(default_factory=dict)  # model -> the last decision
 
 
 REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopping", "Stopped"}
@@ -115,6 +117,12 @@ class Fleet:
         self.swaps: deque = deque(maxlen=SWAPS_KEPT)  # (at, model, demand-to-Ready seconds)
         self.swap_totals: dict[str, int] = {}
         self.swap_seconds = Histogram(SWAP_BUCKETS)
+        # Autoscaling (controlplane/autoscale.py): model -> its recommendation window, kept in
+        # the store; and what the last decision said and was, for `gpuctl models` and /metrics.
+        self.windows: dict[str, Window] = {
+            model: Window.from_dict(body) for model, body in store.load_windows().items()
+        }
+        self.autoscale: dict[str, dict] = {}  # model -> {"reason", "recommended", "load"}
         routers, gaps = store.load_routers()
         self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
         started = clock()
@@ -169,6 +177,8 @@ class Fleet:
         self.scaled.pop(name, None)
         self.reservations.pop(name, None)
         self.room.pop(name, None)
+        self.windows.pop(name, None)
+        self.autoscale.pop(name, None)
         self.demand_since.pop(name, None)
         self.demanded_at.pop(name, None)
         self.changed = True
@@ -180,7 +190,16 @@ class Fleet:
         spec = self.spec(name)
         if generation and generation != spec.generation:
             raise Conflict(f"model {name} is at generation {spec.generation}, not {generation}")
+        if spec.autoscaled and not spec.floor <= replicas <= spec.ceiling:
+            raise BadRequest(
+                "replicas",
+                f"model {name} autoscales between min_replicas {spec.floor} and max_replicas"
+                f" {spec.ceiling}: scale it within them (the point it starts from), or apply"
+                " new bounds",
+            )
         if spec.replicas == replicas:
+            if spec.autoscaled:
+                self.set_scaled(name, None)  # the starting point again, wherever load took it
             return spec
         updated = ModelSpec(
             **{**spec.to_dict(), "replicas": replicas, "generation": spec.generation + 1}
@@ -363,8 +382,21 @@ class Fleet:
     # acting on idle
 
     def desired(self, spec: ModelSpec) -> int:
-        """Replicas to keep now: the spec's, or fewer while idleness has scaled it down."""
-        return min(spec.replicas, self.scaled.get(spec.name, spec.replicas))
+        """Replicas to keep now: the spec's, or fewer while idleness has scaled it down; an
+        autoscaled model's, anywhere within its bounds."""
+        kept = self.scaled.get(spec.name, spec.replicas)
+        if spec.autoscaled:
+            return min(kept, spec.ceiling)
+        return min(spec.replicas, kept)
+
+    def set_window(self, model: str, window: Window | None) -> None:
+        if self.windows.get(model) == window:
+            return
+        if window is None:
+            self.windows.pop(model, None)
+        else:
+            self.windows[model] = window
+        self.store.put_window(model, None if window is None else window.to_dict())
 
     def set_scaled(self, model: str, replicas: int | None) -> None:
         """Keep `replicas` of `model` for now (None: as its spec says)."""
@@ -506,6 +538,7 @@ class Fleet:
             desired={name: self.desired(spec) for name, spec in self.specs.items()},
             waiting=self.idle.waiting(now),
             room={model: dict(room) for model, room in self.room.items()},
+            autoscale={model: dict(a) for model, a in self.autoscale.items()},
             swaps=list(self.swaps),
             now=now,
             route_version=route_version,

@@ -337,13 +337,14 @@ class IdleTracker:
                 total[model] = total.get(model, 0) + count
         return total
 
-    def in_flight(self, now: float | None = None) -> dict[str, int]:
+    def in_flight(self, now: float | None = None, live_only: bool = False) -> dict[str, int]:
         """replica -> requests on it, summed over every router not gone (a silent one's last
-        word included: it may still be serving them)."""
+        word included: it may still be serving them), or over live routers only."""
         now = self.clock() if now is None else now
         total: dict[str, int] = {}
         for router in self.routers.values():
-            if router.state(now, self.live_window_s) is RouterState.GONE:
+            state = router.state(now, self.live_window_s)
+            if state is RouterState.GONE or (live_only and state is not RouterState.LIVE):
                 continue
             for replica, count in router.in_flight.items():
                 total[replica] = total.get(replica, 0) + count

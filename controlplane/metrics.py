@@ -71,6 +71,19 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
         "Replicas per model: desired, ready, and those that cannot be placed.",
         model_samples(models),
     )
+    scaled = [m for m in models if m.get("autoscale")]
+    out += family(
+        "gpufleet_model_desired_replicas",
+        "gauge",
+        "Replicas an autoscaled model's load asks for (within its bounds).",
+        (({"model": m["name"]}, m["autoscale"]["recommended"]) for m in scaled),
+    )
+    out += family(
+        "gpufleet_model_load",
+        "gauge",
+        "An autoscaled model's load: requests in flight on its replicas plus those waiting.",
+        (({"model": m["name"]}, m["autoscale"]["load"]) for m in scaled),
+    )
     out += family(
         "gpufleet_model_idle_gpus",
         "gauge",

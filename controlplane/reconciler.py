@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from controlplane.autoscale import decide
 from controlplane.fleet import Fleet, Reservation
 from controlplane.idle import IdleState
 from controlplane.model import ReplicaState, Schedulable, gpu_faults
@@ -66,12 +67,17 @@ class Reconciler:
         node_timeout_s: float = 15.0,
         failed_retention_s: float = 600.0,
         min_residency_s: float = 120.0,
+        autoscale_every_s: float = 1.0,
     ) -> None:
         self.fleet = fleet
         self.routes = routes or RouteTable()
         self.node_timeout_s = node_timeout_s
         self.failed_retention_s = failed_retention_s
         self.min_residency_s = min_residency_s  # for specs that do not set min_residency
+        # Autoscaling decides once a period, not at every tick a heartbeat wakes: "at most
+        # doubling a tick" must not double again on the same reports.
+        self.autoscale_every_s = autoscale_every_s
+        self.autoscaled_at = float("-inf")
         self.stops: dict[str, int] = {}  # replicas stopped for being idle, by who decided
 
     def tick(self) -> None:
@@ -80,6 +86,8 @@ class Reconciler:
             self._check_heartbeats()
             self._expire_failed()
             wanted = fleet.wanted()
+            asking = {model: f"{n} request(s) waiting" for model, n in wanted.items()}
+            asking.update(self._autoscale_all(wanted))
             self._place_on_reserved()
             placer = Placer(
                 list(fleet.nodes.values()), fleet.held_gpus() | fleet.reserved_gpus().keys()
@@ -87,7 +95,7 @@ class Reconciler:
             for spec in list(fleet.specs.values()):
                 self._scale_down_idle(spec)
                 self._reconcile_model(spec, placer, wanted)
-            self._make_room(wanted)
+            self._make_room(asking)
             self._stop_orphans()
             self._stop_retired()
             fleet.flush_activity()
@@ -213,9 +221,75 @@ class Reconciler:
             fleet.room.pop(model, None)
             fleet.set_reason(model, "")
 
-    def _make_room(self, wanted: dict[str, int]) -> None:
+    def _autoscale_all(self, wanted: dict[str, int]) -> dict[str, str]:
+        """Autoscaled models move towards their load (controlplane/autoscale.py), once a
+        period. Returns the models scaling out on load, for making room, with why."""
+        fleet = self.fleet
+        now = fleet.wall()
+        if now - self.autoscaled_at < self.autoscale_every_s:
+            return {}
+        self.autoscaled_at = now
+        live_in_flight = fleet.idle.in_flight(now, live_only=True)
+        any_in_flight = fleet.idle.in_flight(now)
+        silent = fleet.idle.silent_holders(list(fleet.replicas), now)
+        out = {}
+        for spec in list(fleet.specs.values()):
+            if not spec.autoscaled:
+                fleet.autoscale.pop(spec.name, None)
+                continue
+            mine = [r for r in fleet.replicas.values() if r.model == spec.name]
+            in_flight = sum(live_in_flight.get(r.id, 0) for r in mine)
+            waiting = wanted.get(spec.name, 0)
+            current = fleet.desired(spec)
+            decision = decide(
+                spec,
+                current,
+                sum(1 for r in mine if r.state == ReplicaState.READY),
+                in_flight,
+                waiting,
+                fleet.windows.get(spec.name),
+                now,
+                next((silent[r.id] for r in mine if r.id in silent), ""),
+            )
+            fleet.set_window(spec.name, decision.window)
+            reason = decision.reason
+            if decision.replicas > current:
+                fleet.set_scaled(spec.name, decision.replicas)
+                fleet.event(
+                    spec.name, f"scaled out from {current} to {decision.replicas}: {reason}"
+                )
+            elif decision.replicas < current:
+                victim = self._idlest(mine, any_in_flight, now)
+                if victim is None:
+                    reason += "; every replica busy or of unknown use: none stopped yet"
+                else:
+                    fleet.retire(victim, f"scaled in: {reason}; route withdrawn")
+                    fleet.event(
+                        spec.name,
+                        f"scaled in from {current} to {decision.replicas}: {reason}",
+                    )
+            fleet.autoscale[spec.name] = {
+                "reason": reason,
+                "recommended": decision.recommended,
+                "load": in_flight + waiting,
+            }
+            placed = sum(1 for r in mine if r.state in LIVE)
+            if in_flight and fleet.desired(spec) > placed:
+                out[spec.name] = f"scaling out on load ({reason})"
+        return out
+
+    def _idlest(self, replicas, in_flight: dict[str, int], now: float):
+        """The replica to scale in: Ready, nothing in flight on any router, of known use, the
+        longest idle; None when there is none."""
+        ready = [r for r in replicas if r.state == ReplicaState.READY and not in_flight.get(r.id)]
+        idle = self.fleet.idle.idle_map([r.id for r in ready], now)
+        known = [r for r in ready if idle[r.id][1] != IdleState.UNKNOWN]
+        return max(known, key=lambda r: (idle[r.id][0], r.id), default=None)
+
+    def _make_room(self, wanted: dict[str, str]) -> None:
         """Models with requests waiting that cannot be placed take the GPUs of replicas
-        nobody uses (controlplane/room.py); higher priority first, then the longest waiting."""
+        nobody uses (controlplane/room.py); higher priority first, then the longest waiting.
+        `wanted`: model -> why it wants room ("3 request(s) waiting")."""
         fleet = self.fleet
         now = fleet.wall()
         for model in list(fleet.demand_since):
@@ -240,7 +314,7 @@ class Reconciler:
                 continue  # it fits now: the next tick places it
             self._take_room(spec, wanted[spec.name], now)
 
-    def _take_room(self, spec, waiting: int, now: float) -> None:
+    def _take_room(self, spec, why: str, now: float) -> None:
         fleet = self.fleet
         ids = list(fleet.replicas)
         plan = plan_room(
@@ -284,7 +358,7 @@ class Reconciler:
             bound = "≥" if state == IdleState.AT_LEAST else ""
             fleet.retire(
                 victim,
-                f"stopped to make room for {spec.name}: {waiting} request(s) waiting;"
+                f"stopped to make room for {spec.name}: {why};"
                 f" idle {bound}{duration(seconds)}; route withdrawn",
             )
             self.stops["room"] = self.stops.get("room", 0) + 1

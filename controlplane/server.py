@@ -30,7 +30,12 @@ async def serve(
 ) -> None:
     store = SqliteStore(state_path)
     fleet = Fleet(store, IdleTracker(live_window_s=router_live_s, clock=time.time))
-    reconciler = Reconciler(fleet, node_timeout_s=node_timeout_s, min_residency_s=min_residency_s)
+    reconciler = Reconciler(
+        fleet,
+        node_timeout_s=node_timeout_s,
+        min_residency_s=min_residency_s,
+        autoscale_every_s=tick_s,
+    )
     reconciler.tick()
     wake = asyncio.Event()
     app = build_app(fleet, reconciler, tokens, wake)

@@ -32,6 +32,8 @@ class Store(Protocol):
     def load_scaled(self) -> dict[str, int]: ...
     def put_scaled(self, model: str, replicas: int | None) -> None: ...
     def put_routers(self, routers: list[dict], removed: list[str], gaps: dict) -> None: ...
+    def load_windows(self) -> dict[str, dict]: ...
+    def put_window(self, model: str, window: dict | None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -49,6 +51,9 @@ MIGRATIONS = [
     """,
     """
     CREATE TABLE scaled (model TEXT PRIMARY KEY, replicas INTEGER NOT NULL);
+    """,
+    """
+    CREATE TABLE autoscale_windows (model TEXT PRIMARY KEY, body BLOB NOT NULL);
     """,
 ]
 
@@ -127,6 +132,7 @@ class SqliteStore:
         with self.batch():
             self.db.execute("DELETE FROM specs WHERE name = ?", (name,))
             self.db.execute("DELETE FROM scaled WHERE model = ?", (name,))
+            self.db.execute("DELETE FROM autoscale_windows WHERE model = ?", (name,))
 
     def put_node(self, node: Node) -> None:
         with self.batch():
@@ -177,6 +183,21 @@ class SqliteStore:
             )
             self.db.executemany("DELETE FROM routers WHERE id = ?", [(i,) for i in removed])
             self.db.executemany("INSERT OR REPLACE INTO unseen_until VALUES (?, ?)", gaps.items())
+
+    def load_windows(self) -> dict[str, dict]:
+        """Autoscaled models' recommendation windows (controlplane/autoscale.py)."""
+        rows = self.db.execute("SELECT model, body FROM autoscale_windows")
+        return {model: orjson.loads(body) for model, body in rows}
+
+    def put_window(self, model: str, window: dict | None) -> None:
+        with self.batch():
+            if window is None:
+                self.db.execute("DELETE FROM autoscale_windows WHERE model = ?", (model,))
+            else:
+                self.db.execute(
+                    "INSERT OR REPLACE INTO autoscale_windows VALUES (?, ?)",
+                    (model, orjson.dumps(window)),
+                )
 
     def close(self) -> None:
         self.db.close()

@@ -143,6 +143,7 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
         desired = snap.desired.get(spec.name, spec.replicas)
         waiting = snap.waiting.get(spec.name, 0)
         room = snap.room.get(spec.name)
+        scaling = snap.autoscale.get(spec.name)
         rows.append(
             {
                 "name": spec.name,
@@ -161,6 +162,10 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
                 "priority": spec.priority,
                 "min_residency_s": spec.min_residency_s,
                 "room_victims": list(room["victims"]) if room else [],
+                "max_replicas": spec.ceiling,
+                "target_in_flight": spec.target_in_flight,
+                "scale_down_delay_s": spec.scale_down_delay_s,
+                "autoscale": dict(scaling) if scaling else None,
                 "idle_after_s": spec.idle_after_s,
                 "generation": spec.generation,
             }
