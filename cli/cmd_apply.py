@@ -85,9 +85,15 @@ def delete(ctx: Context, model: str, output: str):
 def scale(ctx: Context, model: str, replicas: int, output: str):
     """Set MODEL's number of REPLICAS."""
     answer = ctx.post(f"/v1/models/{model}/scale", {"replicas": replicas})
-    say(
-        output, answer, f"model/{answer['spec']['name']}", f"scaled to {answer['spec']['replicas']}"
-    )
+    spec = answer["spec"]
+    said = f"scaled to {spec['replicas']}"
+    if spec.get("target_in_flight") is not None:
+        floor = spec["replicas"] if spec["min_replicas"] is None else spec["min_replicas"]
+        said += (
+            f" (the point it starts from: load moves it between {floor} and"
+            f" {spec['max_replicas'] or spec['replicas']})"
+        )
+    say(output, answer, f"model/{spec['name']}", said)
 
 
 def _node_action(action: str, help_text: str):

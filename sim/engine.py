@@ -212,18 +212,74 @@ class SimEngine:
         size = len(audio.file.read()) if hasattr(audio, "file") else 0
         return _json_response({"text": f"{size} bytes of audio heard"})
 
-    async def create_response(self, request: web.Request) -> web.Response:
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses API, as the openai SDK reads it: one assistant message in
+        `output`, or its events when streamed; stored for GET and DELETE by id."""
+        if self.loading():
+            raise _error(503, "the model is still loading", kind="server_error")
         body = await self._body(request)
-        response_id = "resp_" + uuid.uuid4().hex
-        stored = {
-            "id": response_id,
-            "object": "response",
-            "model": body["model"],
-            "status": "completed",
-            "output_text": " ".join(WORDS[: self.settings.output_tokens]),
-        }
-        self.responses[response_id] = stored
-        return _json_response(stored)
+        n_tokens = int(body.get("max_output_tokens") or 0)
+        n_tokens = (
+            min(n_tokens, self.settings.output_tokens) if n_tokens else self.settings.output_tokens
+        )
+        words = [WORDS[i % len(WORDS)] for i in range(n_tokens)]
+        prompt = body.get("input")
+        prompt_tokens = len(prompt.split()) if isinstance(prompt, str) else 1
+        response = _response_object(body["model"], "in_progress", [])
+        message_id = "msg_" + uuid.uuid4().hex
+        self.running += 1
+        try:
+            if body.get("stream"):
+                return await self._stream_response(
+                    request, response, message_id, words, prompt_tokens
+                )
+            await self._wait_generation(n_tokens, 0.0)
+        finally:
+            self.running -= 1
+        done = _finish_response(response, message_id, " ".join(words), prompt_tokens, n_tokens)
+        self.responses[done["id"]] = done
+        return _json_response(done)
+
+    async def _stream_response(self, request, response, message_id, words, prompt_tokens):
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        sequence = iter(range(1_000_000))
+
+        async def send(kind: str, **fields) -> None:
+            event = {"type": kind, "sequence_number": next(sequence), **fields}
+            await stream.write(
+                b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+            )
+
+        item = {"type": "message", "id": message_id, "status": "in_progress", "role": "assistant"}
+        where = {"item_id": message_id, "output_index": 0, "content_index": 0}
+        await send("response.created", response=response)
+        await send("response.in_progress", response=response)
+        await send("response.output_item.added", output_index=0, item={**item, "content": []})
+        empty = {"type": "output_text", "text": "", "annotations": []}
+        await send("response.content_part.added", **where, part=empty)
+        if self.settings.ttft_s > 0:
+            await asyncio.sleep(self.settings.ttft_s)
+        gap = 1 / self.settings.tokens_per_s if self.settings.tokens_per_s > 0 else 0
+        for i, word in enumerate(words):
+            await send(
+                "response.output_text.delta",
+                **where,
+                delta=word + (" " if i < len(words) - 1 else ""),
+                logprobs=[],
+            )
+            if gap:
+                await asyncio.sleep(gap)
+        text = " ".join(words)
+        done = _finish_response(response, message_id, text, prompt_tokens, len(words))
+        part = {**empty, "text": text}
+        await send("response.output_text.done", **where, text=text, logprobs=[])
+        await send("response.content_part.done", **where, part=part)
+        await send("response.output_item.done", output_index=0, item=done["output"][0])
+        await send("response.completed", response=done)
+        self.responses[done["id"]] = done
+        await stream.write_eof()
+        return stream
 
     async def get_response(self, request: web.Request) -> web.Response:
         stored = self.responses.get(request.match_info["id"])
@@ -324,6 +380,39 @@ def _chunk(completion_id, created, model, chat, text, finish_reason) -> dict:
         "model": model,
         "choices": [choice],
     }
+
+
+def _response_object(model: str, status: str, output: list) -> dict:
+    return {
+        "id": "resp_" + uuid.uuid4().hex,
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "status": status,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": None,
+    }
+
+
+def _finish_response(response: dict, message_id: str, text: str, prompt: int, output: int):
+    message = {
+        "type": "message",
+        "id": message_id,
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    usage = {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output,
+    }
+    return {**response, "status": "completed", "output": [message], "usage": usage}
 
 
 def _json_response(payload: dict, status: int = 200) -> web.Response:
