@@ -423,7 +423,7 @@ class Fleet:
         if waiting > 0:
             self.demanded_at[model] = now
             self.demand_since.setdefault(model, now)
-        if spec.replicas == 0 or self.desired(spec) > 0:
+        if spec.ceiling == 0 or self.desired(spec) > 0:
             return spec  # at zero by the operator's word, or already on its way
         self.woken_at[model] = now
         target = max(spec.floor, 1)
