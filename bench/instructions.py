@@ -68,6 +68,7 @@ def per_request(
     tree: Path = HERE, affinity: str = "prefix", interpreted: bool = False, pool=None
 ) -> float:
     """Instructions per proxied request: two counts, run side by side on `pool` if given."""
+
     def count(requests: int) -> int:
         return instructions(tree, requests, affinity, interpreted)
 

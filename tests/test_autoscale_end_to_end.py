@@ -18,10 +18,10 @@ DELAY_S = 5.0
 TICK_S = 0.2
 
 
-def busy_spec(**fields):
+def busy_spec(startup_s=STARTUP_S, **fields):
     command = [
         "gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}",
-        "--startup-delay", str(STARTUP_S), "--ttft", "0.05", "--tokens-per-s", "20",
+        "--startup-delay", str(startup_s), "--ttft", "0.05", "--tokens-per-s", "20",
         "--output-tokens", "200",
     ]  # fmt: skip
     fields = {
@@ -78,9 +78,9 @@ class Load:
         assert self.done
 
 
-def start(procs, tmp_path, **fields):
+def start(procs, tmp_path, startup_s=STARTUP_S, **fields):
     fleet = SimFleet(procs, tmp_path)
-    call("POST", fleet.url + "/v1/models", busy_spec(**fields))
+    call("POST", fleet.url + "/v1/models", busy_spec(startup_s, **fields))
     router, _ = procs.router("--control-plane", fleet.url, "--tick", "0.3")
     return fleet, router
 

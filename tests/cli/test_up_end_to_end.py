@@ -149,9 +149,7 @@ def test_gpuctl_up_end_to_end(tmp_path):
         wait_until(lambda: status()["capacity"]["H100-80GB"]["unhealthy"] == 0, what="healed")
         big = json.loads(gpuctl("models", "llama-3.1-405b", "-o", "json"))
         assert big["state"] == "ScaledToZero" and not big["reason"], big
-        wait_until(
-            lambda: replicas()[unused[0]["id"]]["age_s"] >= 31, 40, "qwen's min_residency"
-        )
+        wait_until(lambda: replicas()[unused[0]["id"]]["age_s"] >= 31, 40, "qwen's min_residency")
         answer = api.chat.completions.create(
             model="llama-3.1-405b", messages=[{"role": "user", "content": "hi"}], timeout=60
         )
