@@ -10,12 +10,19 @@ from controlplane.room import residency
 def explain(spec: ModelSpec, default_residency_s: float) -> list[str]:
     lines = []
     floor = spec.floor
+    if spec.autoscaled:
+        lines.append(
+            f"autoscales between {floor} and {spec.ceiling} replica(s), starting at"
+            f" {spec.replicas}: ceil(load / {spec.target_in_flight:g}) replicas, load being the"
+            " requests in flight on its replicas plus those waiting; out at once (at most"
+            f" doubling a tick), in one a tick after {duration(spec.scale_down_delay_s)} lower"
+        )
     if spec.scale_to_zero_after_s is not None and floor < spec.replicas:
         lines.append(
             f"scales from {spec.replicas} down to {floor} replica(s) after"
             f" {duration(spec.scale_to_zero_after_s)} unused; a request wakes it"
         )
-    else:
+    elif not spec.autoscaled:
         lines.append(f"keeps {spec.replicas} replica(s); idleness stops none")
     if floor == 0:
         lines.append("when it does not fit and nobody asks for it, it waits at zero")

@@ -219,3 +219,29 @@ def test_watch_shows_the_screen_again_until_interrupted(cp):
             raise
     assert watcher.returncode == 0
     assert output.count("FLEET") >= 3
+
+
+def test_scale_on_an_autoscaled_model_sets_the_start_or_refuses_outside_the_bounds(cp, tmp_path):
+    auth = ["--server", cp, "--token", "sekret"]
+    body = spec(name="busy", replicas=2, min_replicas=1, max_replicas=4, target_in_flight=4)
+    explained = run(*auth, "apply", "-f", str(write(tmp_path, body)), "--dry-run").output
+    assert "autoscales between 1 and 4 replica(s), starting at 2: ceil(load / 4)" in explained
+    run(*auth, "apply", "-f", str(write(tmp_path, body)))
+    moved = run(*auth, "scale", "busy", "3")
+    assert moved.output == (
+        "model/busy scaled to 3 (the point it starts from: load moves it between 1 and 4)\n"
+    )
+    refused = run(*auth, "scale", "busy", "5")
+    assert refused.exit_code == 1
+    assert "autoscales between min_replicas 1 and max_replicas 4" in refused.output
+    kept = call("GET", cp + "/v1/models/busy", token="sekret")[1]["spec"]
+    assert kept["replicas"] == 3, "a refused scale changes nothing"
+    for bad, field in (
+        ({"max_replicas": 1}, "max_replicas"),
+        ({"target_in_flight": 0}, "target_in_flight"),
+        ({"target_in_flight": None, "max_replicas": 4}, "target_in_flight"),
+        ({"scale_down_delay": "later"}, "scale_down_delay"),
+    ):
+        refused = run(*auth, "apply", "-f", str(write(tmp_path, {**body, **bad})))
+        assert refused.exit_code == 1 and field in refused.output, (bad, refused.output)
+    assert call("GET", cp + "/v1/models/busy", token="sekret")[1]["spec"]["max_replicas"] == 4
