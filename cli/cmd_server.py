@@ -42,9 +42,27 @@ from controlplane.tokens import load_tokens
     help="How long a replica is Ready before a waiting model may take its GPUs, for specs "
     "that do not set min_residency (a duration: 90s, 2m).",
 )
+@click.option(
+    "--metrics-token",
+    default=None,
+    envvar="GPUFLEET_METRICS_TOKEN",
+    help="A token /metrics asks for (Prometheus' authorization credentials); default: none.",
+)
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM certificate.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
 @click.option("--log-level", default="info", show_default=True)
 def server(
-    listen, state_path, token_file, tick_s, node_timeout, router_live, min_residency, log_level
+    listen,
+    state_path,
+    token_file,
+    tick_s,
+    node_timeout,
+    router_live,
+    min_residency,
+    metrics_token,
+    tls_cert,
+    tls_key,
+    log_level,
 ):
     """Run the control plane: fleet state, placement, health, idle tracking, routes."""
     import uvloop
@@ -56,6 +74,17 @@ def server(
         residency_s = parse_duration(min_residency, "--min-residency", allow_zero=True)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    tls = None
+    if tls_cert:
+        import ssl
+
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            tls.load_cert_chain(tls_cert, tls_key)
+        except (ssl.SSLError, OSError) as exc:
+            raise click.UsageError(f"--tls-cert/--tls-key: {exc}") from None
     try:
         uvloop.run(
             serve(
@@ -67,6 +96,8 @@ def server(
                 node_timeout,
                 router_live,
                 residency_s,
+                metrics_token,
+                tls,
             )
         )
     except OSError as exc:

@@ -282,7 +282,9 @@ class FleetUp:
     def apply_demo(self, timeout_s: float = 90.0) -> list[str]:
         deadline = time.monotonic() + 30
         while True:
-            nodes = client.request(self.server_url, "GET", "/v1/nodes")["items"]
+            nodes = client.request(self.server_url, "GET", "/v1/nodes", token=self.admin_token)[
+                "items"
+            ]
             if nodes or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -295,7 +297,10 @@ class FleetUp:
             self.echo("  no GPU registered: skipping the demo models")
             return []
         existing = {
-            m["name"] for m in client.request(self.server_url, "GET", "/v1/models")["items"]
+            m["name"]
+            for m in client.request(self.server_url, "GET", "/v1/models", token=self.admin_token)[
+                "items"
+            ]
         }
         names = []
         for spec in demo_models(classes, nodes):
@@ -312,7 +317,9 @@ class FleetUp:
         self.echo("  waiting for replicas ", nl=False)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            models = client.request(self.server_url, "GET", "/v1/models")["items"]
+            models = client.request(self.server_url, "GET", "/v1/models", token=self.admin_token)[
+                "items"
+            ]
             ready = {m["name"]: m["ready"] >= m["desired"] for m in models}
             if all(ready.get(name) for name in names):
                 self.echo(" ready")

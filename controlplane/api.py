@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import hmac
-
 import orjson
 from aiohttp import web
 
+from controlplane.auth import NODE, PUBLIC, READ, Denied, check, identify
 from controlplane.explain import explain
 from controlplane.fleet import BadRequest, Conflict, Fleet, NotFound
 from controlplane.idle import ReportError
 from controlplane.metrics import exposition
 from controlplane.model import ReplicaState, Schedulable, SpecError, parse_duration
 from controlplane.reconciler import Reconciler
+from controlplane.redact import public_spec
 from controlplane.scaling import plan_stop_idle
 from controlplane.summary import model_rows, node_rows, replica_rows, summary
 
 FLEET_KEY = web.AppKey("fleet", Fleet)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
 TOKENS_KEY = web.AppKey("tokens", dict)
+NEEDS_KEY = web.AppKey("needs", dict)  # route -> the roles that may call it
+CALLER_KEY = "caller"
 WAKE_KEY = web.AppKey("wake", object)
 STATS_KEY = web.AppKey("stats", dict)
 
@@ -51,21 +53,27 @@ async def errors(request: web.Request, handler):
         return error_response(404, str(exc), "not_found")
     except Conflict as exc:
         return error_response(409, str(exc), "conflict")
+    except Denied as exc:
+        kind = "unauthorized" if exc.status == 401 else "forbidden"
+        return error_response(exc.status, exc.message, kind)
+    except SpecError as exc:
+        return error_response(400, str(exc), "invalid_request", exc.field)
 
 
-def require(request: web.Request, *roles: str) -> None:
-    """401 unless the bearer token is one of `roles`' tokens (admin may do anything)."""
+@web.middleware
+async def authorization(request: web.Request, handler):
+    """Every route says who may call it (ROUTES); with no token file, nobody needs one."""
     tokens = request.app[TOKENS_KEY]
-    if not tokens:
-        return
-    given = request.headers.get("Authorization", "")
-    if given.startswith("Bearer "):
-        token = given[7:].strip().encode()
-        for role in (*roles, "admin"):
-            expected = tokens.get(role)
-            if expected and hmac.compare_digest(token, expected.encode()):
-                return
-    raise ApiError(401, f"this call needs the {' or '.join(roles)} token", "unauthorized")
+    needs = request.app[NEEDS_KEY].get(request.match_info.route)
+    if not tokens or needs is None:  # open, or no such route (404/405 follow)
+        return await handler(request)
+    fleet = request.app[FLEET_KEY]
+    caller = identify(request.headers.get("Authorization", ""), tokens, fleet.credentials)
+    # A path that names no node (registration) is about the caller's own: its handler checks
+    # the node the body names.
+    check(caller, needs, request.match_info.get("name", caller.node if caller else None))
+    request[CALLER_KEY] = caller
+    return await handler(request)
 
 
 async def body_of(request: web.Request):
@@ -88,7 +96,6 @@ def wake(request: web.Request) -> None:
 
 
 async def get_routes(request: web.Request) -> web.Response:
-    require(request, "router")
     try:
         after = int(request.query.get("after", "-1"))
         wait = min(float(request.query.get("wait", "0")), 60.0)
@@ -103,7 +110,6 @@ async def get_routes(request: web.Request) -> web.Response:
 async def post_demand(request: web.Request) -> web.Response:
     """A router holds requests for a model with no ready replica: wake it if it sleeps, and
     say at once when it cannot be placed (the router then answers its requests with why)."""
-    require(request, "router")
     body = await body_of(request)
     model, waiting = body.get("model") if isinstance(body, dict) else None, body.get("waiting", 1)
     if not isinstance(model, str) or not model:
@@ -139,7 +145,6 @@ async def post_demand(request: web.Request) -> web.Response:
 
 async def stop_idle(request: web.Request) -> web.Response:
     """`gpuctl stop-idle`: the scale-down rules, once, on an operator's word."""
-    require(request, "admin")
     body = await body_of(request)
     if not isinstance(body, dict):
         raise ApiError(400, "expected a JSON object", "invalid_request")
@@ -168,7 +173,6 @@ async def list_routers(request: web.Request) -> web.Response:
 
 
 async def forget_router(request: web.Request) -> web.Response:
-    require(request, "admin")
     router_id = request.match_info["id"]
     fleet = request.app[FLEET_KEY]
     try:
@@ -180,7 +184,6 @@ async def forget_router(request: web.Request) -> web.Response:
 
 
 async def post_activity(request: web.Request) -> web.Response:
-    require(request, "router")
     try:
         request.app[FLEET_KEY].idle.report(await body_of(request))
     except ReportError as exc:
@@ -193,14 +196,35 @@ async def post_activity(request: web.Request) -> web.Response:
 
 
 async def register_node(request: web.Request) -> web.Response:
-    require(request, "agent")
-    node = request.app[FLEET_KEY].register(await body_of(request))
+    fleet = request.app[FLEET_KEY]
+    body = await body_of(request)
+    caller = request.get(CALLER_KEY)
+    name = body.get("name") if isinstance(body, dict) else None
+    if caller is not None and "admin" not in caller.roles and caller.node != name:
+        if caller.node is not None:
+            check(caller, (NODE,), name)  # 403: a credential registers its own node alone
+        if isinstance(name, str) and name in fleet.credentials:
+            raise ApiError(
+                403,
+                f"node {name} is registered with its own credential: its agent must use it"
+                f" (or an admin deletes the node: gpuctl nodes delete {name})",
+                "forbidden",
+            )
+    node = fleet.register(body)
+    answer = node.to_dict()
+    if request.app[TOKENS_KEY] and node.name not in fleet.credentials:
+        answer["credential"] = fleet.issue_credential(node.name)
     wake(request)
-    return json_response(node.to_dict(), 201)
+    return json_response(answer, 201)
+
+
+async def delete_node(request: web.Request) -> web.Response:
+    node = request.app[FLEET_KEY].delete_node(request.match_info["name"])
+    wake(request)
+    return json_response({"name": node.name, "result": "deleted"})
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    require(request, "agent")
     fleet = request.app[FLEET_KEY]
     assignments = fleet.heartbeat(request.match_info["name"], await body_of(request))
     if fleet.changed:
@@ -209,7 +233,6 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 
 async def get_assignments(request: web.Request) -> web.Response:
-    require(request, "agent")
     fleet = request.app[FLEET_KEY]
     return json_response({"assignments": fleet.assignments(request.match_info["name"])})
 
@@ -233,7 +256,6 @@ async def get_node(request: web.Request) -> web.Response:
 
 
 async def set_node_state(request: web.Request) -> web.Response:
-    require(request, "admin")
     action = request.match_info["action"]
     state = {
         "cordon": Schedulable.CORDONED,
@@ -258,33 +280,30 @@ async def get_model(request: web.Request) -> web.Response:
     row = next(r for r in model_rows(snap) if r["name"] == spec.name)
     replicas = [r for r in replica_rows(snap) if r["model"] == spec.name]
     events = [{"at": at, "message": text} for at, text in fleet.events.get(spec.name, ())]
-    return json_response({**row, "spec": spec.to_dict(), "replicas": replicas, "events": events})
+    return json_response({**row, "spec": public_spec(spec), "replicas": replicas, "events": events})
 
 
 async def apply_model(request: web.Request) -> web.Response:
-    require(request, "admin")
     dry_run = request.query.get("dry_run", "") in ("1", "true")
     spec, outcome = request.app[FLEET_KEY].apply(await body_of(request), dry_run=dry_run)
     if dry_run:
         explained = explain(spec, request.app[RECONCILER_KEY].min_residency_s)
         return json_response(
-            {"spec": spec.to_dict(), "result": outcome, "dry_run": True, "explain": explained}
+            {"spec": public_spec(spec), "result": outcome, "dry_run": True, "explain": explained}
         )
     wake(request)
     return json_response(
-        {"spec": spec.to_dict(), "result": outcome}, 201 if outcome == "created" else 200
+        {"spec": public_spec(spec), "result": outcome}, 201 if outcome == "created" else 200
     )
 
 
 async def delete_model(request: web.Request) -> web.Response:
-    require(request, "admin")
     spec = request.app[FLEET_KEY].delete(request.match_info["name"])
     wake(request)
-    return json_response({"spec": spec.to_dict(), "result": "deleted"})
+    return json_response({"spec": public_spec(spec), "result": "deleted"})
 
 
 async def scale_model(request: web.Request) -> web.Response:
-    require(request, "admin")
     body = await body_of(request)
     if not isinstance(body, dict) or "replicas" not in body:
         raise ApiError(400, "replicas: required", "invalid_request", "replicas")
@@ -292,7 +311,7 @@ async def scale_model(request: web.Request) -> web.Response:
         request.match_info["name"], body["replicas"], body.get("generation")
     )
     wake(request)
-    return json_response({"spec": spec.to_dict(), "result": "scaled"})
+    return json_response({"spec": public_spec(spec), "result": "scaled"})
 
 
 async def list_replicas(request: web.Request) -> web.Response:
@@ -329,35 +348,54 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="text/plain")
 
 
+# Every route and who may call it: a route added here cannot be left without a rule, and the
+# tests walk this table.
+ROUTES = [
+    ("GET", "/healthz", healthz, (PUBLIC,)),
+    ("GET", "/metrics", metrics, (PUBLIC,)),  # no secret in it; --metrics-token protects it
+    ("GET", "/v1/routes", get_routes, ("router",)),
+    ("POST", "/v1/activity", post_activity, ("router",)),
+    ("POST", "/v1/demand", post_demand, ("router",)),
+    ("POST", "/v1/stop-idle", stop_idle, ("admin",)),
+    ("GET", "/v1/routers", list_routers, READ),
+    ("DELETE", "/v1/routers/{id}", forget_router, ("admin",)),
+    ("POST", "/v1/nodes", register_node, ("agent", NODE)),
+    ("GET", "/v1/nodes", list_nodes, READ),
+    ("GET", "/v1/nodes/{name}", get_node, READ),
+    ("DELETE", "/v1/nodes/{name}", delete_node, ("admin",)),
+    ("POST", "/v1/nodes/{name}/heartbeat", heartbeat, (NODE,)),
+    ("GET", "/v1/nodes/{name}/assignments", get_assignments, (NODE,)),
+    ("POST", "/v1/nodes/{name}/{action}", set_node_state, ("admin",)),
+    ("GET", "/v1/models", list_models, READ),
+    ("POST", "/v1/models", apply_model, ("admin",)),
+    ("GET", "/v1/models/{name}", get_model, READ),
+    ("DELETE", "/v1/models/{name}", delete_model, ("admin",)),
+    ("POST", "/v1/models/{name}/scale", scale_model, ("admin",)),
+    ("GET", "/v1/replicas", list_replicas, READ),
+    ("GET", "/v1/summary", get_summary, READ),
+]
+
+
 def build_app(
-    fleet: Fleet, reconciler: Reconciler, tokens: dict[str, str], wake_event
+    fleet: Fleet,
+    reconciler: Reconciler,
+    tokens: dict[str, str],
+    wake_event,
+    metrics_token: str | None = None,
 ) -> web.Application:
-    app = web.Application(middlewares=[errors], client_max_size=16 * 1024 * 1024)
+    tokens = dict(tokens)
+    app = web.Application(middlewares=[errors, authorization], client_max_size=16 * 1024 * 1024)
     app[FLEET_KEY] = fleet
     app[RECONCILER_KEY] = reconciler
     app[TOKENS_KEY] = tokens
     app[WAKE_KEY] = wake_event
     app[STATS_KEY] = {"activity_reports": 0, "ticks": 0}
-    r = app.router
-    r.add_get("/healthz", healthz)
-    r.add_get("/metrics", metrics)
-    r.add_get("/v1/routes", get_routes)
-    r.add_post("/v1/activity", post_activity)
-    r.add_post("/v1/demand", post_demand)
-    r.add_post("/v1/stop-idle", stop_idle)
-    r.add_get("/v1/routers", list_routers)
-    r.add_delete("/v1/routers/{id}", forget_router)
-    r.add_post("/v1/nodes", register_node)
-    r.add_get("/v1/nodes", list_nodes)
-    r.add_get("/v1/nodes/{name}", get_node)
-    r.add_post("/v1/nodes/{name}/heartbeat", heartbeat)
-    r.add_get("/v1/nodes/{name}/assignments", get_assignments)
-    r.add_post("/v1/nodes/{name}/{action}", set_node_state)
-    r.add_get("/v1/models", list_models)
-    r.add_post("/v1/models", apply_model)
-    r.add_get("/v1/models/{name}", get_model)
-    r.add_delete("/v1/models/{name}", delete_model)
-    r.add_post("/v1/models/{name}/scale", scale_model)
-    r.add_get("/v1/replicas", list_replicas)
-    r.add_get("/v1/summary", get_summary)
+    app[NEEDS_KEY] = {}
+    for method, path, handler, needs in ROUTES:
+        route = app.router.add_route(method, path, handler)
+        app[NEEDS_KEY][route] = needs
+    if metrics_token:
+        tokens["metrics"] = metrics_token
+        metrics_route = next(r for r in app[NEEDS_KEY] if r.resource.canonical == "/metrics")
+        app[NEEDS_KEY][metrics_route] = ("metrics", "viewer")
     return app

@@ -11,6 +11,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from controlplane.auth import new_credential
 from controlplane.autoscale import Window
 from controlplane.histogram import SWAP_BUCKETS, Histogram
 from controlplane.idle import IdleState, IdleTracker, Router
@@ -25,6 +26,7 @@ from controlplane.model import (
     SpecError,
     validate_spec,
 )
+from controlplane.redact import keep_stored
 from controlplane.store import Store
 
 EVENTS_PER_MODEL = 50
@@ -123,6 +125,8 @@ class Fleet:
             model: Window.from_dict(body) for model, body in store.load_windows().items()
         }
         self.autoscale: dict[str, dict] = {}  # model -> {"reason", "recommended", "load"}
+        # node -> SHA-256 of the credential its agent got at registration (controlplane/auth)
+        self.credentials: dict[str, str] = store.load_credentials()
         routers, gaps = store.load_routers()
         self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
         started = clock()
@@ -141,6 +145,8 @@ class Fleet:
         """Create or update a model; returns the stored spec and created/configured/unchanged.
         `dry_run`: validate and say what would happen, store nothing."""
         try:
+            named = body.get("name") if isinstance(body, dict) else None
+            body = keep_stored(body, self.specs.get(named) if isinstance(named, str) else None)
             spec = validate_spec(body)
         except SpecError as exc:
             raise BadRequest(exc.field, exc.message) from None
@@ -234,6 +240,30 @@ class Fleet:
         node.last_heartbeat = self.clock()
         self.store.put_node(node)
         self.nodes[node.name] = node
+        self.changed = True
+        return node
+
+    def issue_credential(self, name: str) -> str:
+        """A new credential bound to node `name`: returned once, kept as its digest."""
+        token, kept = new_credential()
+        self.store.put_credential(name, kept)
+        self.credentials[name] = kept
+        return token
+
+    def delete_node(self, name: str) -> Node:
+        """An operator removes a node: its credential is revoked, its replicas are replaced
+        elsewhere (the agent, if it still runs, is refused from now on)."""
+        node = self.node(name)
+        with self.store.batch():
+            for replica_id in list(self.on_node.get(name, ())):
+                replica = self.replicas[replica_id]
+                if replica.state in (ReplicaState.STOPPING, ReplicaState.RETIRING):
+                    self.remove_replica(replica_id)
+                elif replica.state != ReplicaState.FAILED:
+                    self.set_replica_state(replica, ReplicaState.FAILED, f"node {name} deleted")
+            self.store.delete_node(name)
+        del self.nodes[name]
+        self.credentials.pop(name, None)
         self.changed = True
         return node
 
@@ -348,6 +378,7 @@ class Fleet:
                         "model": replica.model,
                         "command": spec.command,
                         "env": spec.env,
+                        "env_from": spec.env_from,
                         "health_path": spec.health_path,
                         "gpus": piece.gpus,
                         "rank": rank,

@@ -102,6 +102,8 @@ class ModelSpec:
     nodes_per_replica: int = 1
     replicas: int = 1
     env: dict[str, str] = field(default_factory=dict)
+    # variable -> {"file": PATH} or {"agent_env": NAME}: read on the node, never stored here
+    env_from: dict[str, dict[str, str]] = field(default_factory=dict)
     health_path: str = "/health"
     idle_after_s: float = 1800.0
     generation: int = 0
@@ -195,6 +197,7 @@ SPEC_FIELDS = {
     "nodes_per_replica",
     "replicas",
     "env",
+    "env_from",
     "health_path",
     "idle_after",
     "idle_after_s",
@@ -288,6 +291,24 @@ def validate_spec(body) -> ModelSpec:
         for k, v in env.items()
     ):
         raise SpecError("env", "must map variable names to strings")
+    env_from = body.get("env_from") or {}
+    if not isinstance(env_from, dict):
+        raise SpecError("env_from", "must map variable names to {file: PATH} or {agent_env: NAME}")
+    for variable, source in env_from.items():
+        if not isinstance(variable, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
+            raise SpecError("env_from", f"{variable!r} is not a variable name")
+        if (
+            not isinstance(source, dict)
+            or len(source) != 1
+            or next(iter(source)) not in ("file", "agent_env")
+            or not isinstance(next(iter(source.values())), str)
+            or not next(iter(source.values()))
+        ):
+            raise SpecError(
+                f"env_from.{variable}", "one of {file: PATH} or {agent_env: NAME}, a string"
+            )
+        if variable in env:
+            raise SpecError(f"env_from.{variable}", "also set in env: give it in one place")
     health_path = body.get("health_path", "/health")
     if not isinstance(health_path, str) or not health_path.startswith("/"):
         raise SpecError("health_path", "must be a path starting with /")
@@ -348,6 +369,7 @@ def validate_spec(body) -> ModelSpec:
         nodes_per_replica=_positive_int(body, "nodes_per_replica", 1),
         replicas=replicas,
         env=dict(env),
+        env_from={k: dict(v) for k, v in env_from.items()},
         health_path=health_path,
         idle_after_s=parse_duration(idle, "idle_after"),
         generation=generation,

@@ -157,8 +157,14 @@ class Reconciler:
             outcome = placer.place(spec, missing)
             for placement in outcome.placements:
                 fleet.add_replica(spec.name, placement)
-            if outcome.reason and spec.floor == 0 and not wanted.get(spec.name):
-                # Nobody waits for it: at zero until a request comes, not an error.
+            if (
+                outcome.reason
+                and spec.floor == 0
+                and not wanted.get(spec.name)
+                and Placer(list(fleet.nodes.values()), set()).place(spec, 1).placements
+            ):
+                # It would fit on the fleet's cards, others hold them, and nobody waits for
+                # it: at zero until a request comes (and makes room), not an error.
                 fleet.set_scaled(spec.name, len(staying) + len(outcome.placements))
                 fleet.event(spec.name, f"at zero until a request comes: {outcome.reason}")
                 fleet.set_reason(spec.name, "")

@@ -27,6 +27,8 @@ async def serve(
     node_timeout_s: float = 15.0,
     router_live_s: float = 10.0,
     min_residency_s: float = 120.0,
+    metrics_token: str | None = None,
+    tls=None,
 ) -> None:
     store = SqliteStore(state_path)
     fleet = Fleet(store, IdleTracker(live_window_s=router_live_s, clock=time.time))
@@ -38,18 +40,19 @@ async def serve(
     )
     reconciler.tick()
     wake = asyncio.Event()
-    app = build_app(fleet, reconciler, tokens, wake)
+    app = build_app(fleet, reconciler, tokens, wake, metrics_token)
     runner = web.AppRunner(
         app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=3
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=tls).start()
     except OSError:
         await runner.cleanup()
         store.close()
         raise
-    log.info("gpuctl server listening on http://%s:%d, state in %s", host, port, state_path)
+    scheme = "https" if tls is not None else "http"
+    log.info("gpuctl server listening on %s://%s:%d, state in %s", scheme, host, port, state_path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -33,6 +33,9 @@ class Store(Protocol):
     def put_scaled(self, model: str, replicas: int | None) -> None: ...
     def put_routers(self, routers: list[dict], removed: list[str], gaps: dict) -> None: ...
     def load_windows(self) -> dict[str, dict]: ...
+    def load_credentials(self) -> dict[str, str]: ...
+    def put_credential(self, node: str, digest: str | None) -> None: ...
+    def delete_node(self, name: str) -> None: ...
     def put_window(self, model: str, window: dict | None) -> None: ...
     def close(self) -> None: ...
 
@@ -54,6 +57,9 @@ MIGRATIONS = [
     """,
     """
     CREATE TABLE autoscale_windows (model TEXT PRIMARY KEY, body BLOB NOT NULL);
+    """,
+    """
+    CREATE TABLE node_credentials (node TEXT PRIMARY KEY, digest TEXT NOT NULL);
     """,
 ]
 
@@ -183,6 +189,24 @@ class SqliteStore:
             )
             self.db.executemany("DELETE FROM routers WHERE id = ?", [(i,) for i in removed])
             self.db.executemany("INSERT OR REPLACE INTO unseen_until VALUES (?, ?)", gaps.items())
+
+    def load_credentials(self) -> dict[str, str]:
+        """node -> the SHA-256 of the credential it was given at registration."""
+        return dict(self.db.execute("SELECT node, digest FROM node_credentials"))
+
+    def put_credential(self, node: str, digest: str | None) -> None:
+        with self.batch():
+            if digest is None:
+                self.db.execute("DELETE FROM node_credentials WHERE node = ?", (node,))
+            else:
+                self.db.execute(
+                    "INSERT OR REPLACE INTO node_credentials VALUES (?, ?)", (node, digest)
+                )
+
+    def delete_node(self, name: str) -> None:
+        with self.batch():
+            self.db.execute("DELETE FROM nodes WHERE name = ?", (name,))
+            self.db.execute("DELETE FROM node_credentials WHERE node = ?", (name,))
 
     def load_windows(self) -> dict[str, dict]:
         """Autoscaled models' recommendation windows (controlplane/autoscale.py)."""

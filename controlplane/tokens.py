@@ -1,4 +1,4 @@
-"""Token files: one token for every role, or a YAML mapping {admin, agent, router}."""
+"""Token files: one token for every role, or a YAML mapping {admin, viewer, agent, router}."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-ROLES = ("admin", "agent", "router")
+from controlplane.auth import ROLES
 
 
 def load_tokens(path: str | Path | None) -> dict[str, str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from pathlib import Path
 from typing import Protocol
 
 import aiohttp
@@ -22,29 +24,57 @@ class Inventory(Protocol):
 
 
 class ControlPlaneError(Exception):
-    pass
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
 
 
 class ControlPlaneClient:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, token: str | None, ssl=None
+    ) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.token = token  # the agent (bootstrap) token
+        self.ssl = ssl  # an SSLContext that trusts the control plane's CA, or None
 
-    async def post(self, path: str, body: dict) -> dict:
+    async def post(self, path: str, body: dict, token: str | None = None) -> dict:
+        token = token or self.token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with self.session.post(
             self.base_url + path,
             json=body,
-            headers=self.headers,
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=10),
+            ssl=self.ssl if self.ssl is not None else True,
         ) as resp:
             answer = await resp.json(content_type=None)
             if resp.status >= 300:
                 message = (
                     answer.get("error", {}).get("message") if isinstance(answer, dict) else answer
                 )
-                raise ControlPlaneError(f"HTTP {resp.status}: {message}")
+                raise ControlPlaneError(resp.status, str(message))
             return answer
+
+
+class Credential:
+    """The node's own credential, given at its registration and kept in its state directory
+    (readable by this user alone): heartbeats and assignments for the node need it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> str | None:
+        try:
+            return self.path.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def write(self, token: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
 
 
 class NodeAgent:
@@ -54,11 +84,13 @@ class NodeAgent:
         supervisor: Supervisor,
         client: ControlPlaneClient,
         heartbeat_s: float = 2.0,
+        credential: Credential | None = None,
     ) -> None:
         self.inventory = inventory
         self.supervisor = supervisor
         self.client = client
         self.heartbeat_s = heartbeat_s
+        self.credential = credential
         self.silenced = False  # fault injection: the node stops heartbeating
 
     async def run(self) -> None:
@@ -76,15 +108,36 @@ class NodeAgent:
         delay = 0.2
         while True:
             try:
-                await self.client.post("/v1/nodes", self.inventory.describe())
+                answer = await self.client.post(
+                    "/v1/nodes", self.inventory.describe(), token=self.own_token()
+                )
+                if answer.get("credential") and self.credential is not None:
+                    self.credential.write(answer["credential"])
                 log.info("%s registered", self.inventory.name)
                 return
             except asyncio.CancelledError:
                 raise
+            except ControlPlaneError as exc:
+                if exc.status == 401 and self.own_token():
+                    # Revoked (the node was deleted) or unknown to this control plane: never
+                    # fall back to the bootstrap token on our own, that would undo a revocation.
+                    log.error(
+                        "%s: the control plane refuses this node's credential (%s): an"
+                        " operator deleted the node, or this is another control plane's"
+                        " state; remove %s to register anew",
+                        self.inventory.name,
+                        exc,
+                        self.credential.path,
+                    )
+                else:
+                    log.warning("%s: registration failed (%s); retrying", self.inventory.name, exc)
             except Exception as exc:
                 log.warning("%s: registration failed (%s); retrying", self.inventory.name, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def own_token(self) -> str | None:
+        return self.credential.read() if self.credential is not None else None
 
     async def beat(self) -> None:
         await self.supervisor.check(self.client.session)
@@ -92,9 +145,11 @@ class NodeAgent:
             return
         body = {"gpus": self.inventory.health(), "replicas": self.supervisor.reports()}
         try:
-            answer = await self.client.post(f"/v1/nodes/{self.inventory.name}/heartbeat", body)
+            answer = await self.client.post(
+                f"/v1/nodes/{self.inventory.name}/heartbeat", body, token=self.own_token()
+            )
         except ControlPlaneError as exc:
-            if "HTTP 404" in str(exc):  # the control plane lost us (a new state file)
+            if exc.status in (401, 404):  # the control plane lost us, or revoked us
                 await self.register()
                 return
             raise

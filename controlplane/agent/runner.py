@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from controlplane.agent.agent import ControlPlaneClient, NodeAgent
+from controlplane.agent.agent import ControlPlaneClient, Credential, NodeAgent
 from controlplane.agent.supervisor import Supervisor
 
 log = logging.getLogger("gpufleet.agent")
@@ -27,15 +27,17 @@ async def run_agents(
     admin_app_factory=None,
     admin_listen: tuple[str, int] | None = None,
     stop_replicas_on_exit: bool = False,
+    ssl=None,
 ) -> None:
     session = aiohttp.ClientSession()
-    client = ControlPlaneClient(session, server, token)
+    client = ControlPlaneClient(session, server, token, ssl)
     agents = {
         inv.name: NodeAgent(
             inv,
             Supervisor(state_dir / "nodes" / inv.name, inv.address, stop_grace_s),
             client,
             heartbeat_s,
+            Credential(state_dir / "nodes" / inv.name / "credential"),
         )
         for inv in inventories
     }

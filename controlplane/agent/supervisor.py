@@ -24,6 +24,9 @@ from pathlib import Path
 
 import aiohttp
 
+from controlplane.agent.envfrom import EnvFromError
+from controlplane.agent.envfrom import resolve as resolve_env_from
+
 log = logging.getLogger("gpufleet.agent")
 UNHEALTHY_AFTER = 3  # failed probes in a row before a Ready replica is Unhealthy
 
@@ -182,9 +185,17 @@ class Supervisor:
             "host": "127.0.0.1",
         }
         argv = expand(a["command"], values)
+        try:
+            secret = resolve_env_from(a.get("env_from") or {})
+        except EnvFromError as exc:
+            failed = self._record_of(a, 0, port, argv)
+            failed.state, failed.reason = "Failed", str(exc)
+            self.failed[a["replica"]] = failed
+            return
         env = {
             **os.environ,
             **a.get("env", {}),
+            **secret,
             "CUDA_VISIBLE_DEVICES": values["gpus"],
             "GPUFLEET_REPLICA": a["replica"],
             "GPUFLEET_MODEL": a["model"],

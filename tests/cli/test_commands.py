@@ -23,7 +23,7 @@ def cp(procs, tmp_path, monkeypatch):
     url, _ = control_plane(procs, tmp_path / "state.sqlite", tokens, "--tick", "0.2")
     monkeypatch.setenv("GPUCTL_CONFIG", str(tmp_path / "no-such-config.yaml"))
     monkeypatch.delenv("GPUCTL_SERVER", raising=False)
-    monkeypatch.delenv("GPUCTL_TOKEN", raising=False)
+    monkeypatch.setenv("GPUCTL_TOKEN", "sekret")  # every call needs one
     return url
 
 
@@ -72,7 +72,7 @@ def test_errors_are_one_line_and_exit_1_usage_is_exit_2(cp, tmp_path):
     assert result.exit_code == 1
     assert "replicas: must not be negative" in result.output
     assert len(result.output.strip().splitlines()) == 1
-    unauthorised = run("--server", cp, "apply", "-f", str(bad))
+    unauthorised = run("--server", cp, "apply", "-f", str(bad), env={"GPUCTL_TOKEN": ""})
     assert unauthorised.exit_code == 1 and "401" in unauthorised.output
     missing = run("--server", cp, "--token", "sekret", "delete", "nope")
     assert missing.exit_code == 1 and "404: model nope not found" in missing.output
@@ -170,7 +170,7 @@ def test_apply_dry_run_checks_on_the_server_and_stores_nothing(cp, tmp_path):
     for field, value in (("priority", "high"), ("priority", True), ("min_residency", "-1s")):
         refused = run(*auth, "apply", "-f", str(write(tmp_path, spec(**{field: value}))))
         assert refused.exit_code == 1 and field in refused.output, (field, refused.output)
-    assert call("GET", cp + "/v1/models")[1]["items"] == []
+    assert call("GET", cp + "/v1/models", token="sekret")[1]["items"] == []
 
 
 def test_models_name_shows_replicas_and_events(cp, tmp_path):
@@ -179,7 +179,9 @@ def test_models_name_shows_replicas_and_events(cp, tmp_path):
     specs = tmp_path / "m.yaml"
     specs.write_text(yaml.safe_dump(spec(name="llama", replicas=2)))
     run(*auth, "apply", "-f", str(specs))
-    wait_until(lambda: call("GET", cp + "/v1/models/llama")[1]["reason"], what="a reason")
+    wait_until(
+        lambda: call("GET", cp + "/v1/models/llama", token="sekret")[1]["reason"], what="a reason"
+    )
     text = run(*auth, "models", "llama").output
     assert text.splitlines()[0].split() == ["NAME", "llama"]
     assert "REPLICAS" in text and "gpu-1" in text

@@ -11,7 +11,12 @@ from tests.controlplane.conftest import make_node, spec
 from tests.harness import call, control_plane, wait_until
 
 pytestmark = pytest.mark.integration
-TOKENS = {"admin": "adm-secret", "agent": "agt-secret", "router": "rtr-secret"}
+TOKENS = {
+    "admin": "adm-secret",
+    "agent": "agt-secret",
+    "router": "rtr-secret",
+    "viewer": "vwr-secret",
+}
 
 
 @pytest.fixture
@@ -25,10 +30,12 @@ def server(procs, tmp_path):
 def test_refusals_leave_the_state_intact(server):
     url, _, _ = server
     assert call("POST", url + "/v1/models", spec(), token=TOKENS["admin"])[0] == 201
-    before = call("GET", url + "/v1/models")[1]
+    before = call("GET", url + "/v1/models", token=TOKENS["viewer"])[1]
     refusals = [
         (("POST", url + "/v1/models", spec(name="other")), None, 401),
-        (("POST", url + "/v1/models", spec(name="other")), TOKENS["router"], 401),
+        (("POST", url + "/v1/models", spec(name="other")), TOKENS["router"], 403),
+        (("POST", url + "/v1/models", spec(name="other")), TOKENS["viewer"], 403),
+        (("POST", url + "/v1/models", spec(name="other")), "not-a-token", 401),
         (("POST", url + "/v1/models", {**spec(), "replicas": -2}), TOKENS["admin"], 400),
         (("POST", url + "/v1/models", {**spec(), "command": "vllm serve"}), TOKENS["admin"], 400),
         (("POST", url + "/v1/models", {**spec(), "bogus": 1}), TOKENS["admin"], 400),
@@ -39,11 +46,11 @@ def test_refusals_leave_the_state_intact(server):
         (("POST", url + "/v1/models/llama/scale", {"replicas": "x"}), TOKENS["admin"], 400),
         (("POST", url + "/v1/nodes/nope/cordon"), TOKENS["admin"], 404),
         (("POST", url + "/v1/nodes", {"name": "n1"}), TOKENS["agent"], 400),
-        (("POST", url + "/v1/nodes", make_node("n1")), TOKENS["router"], 401),
+        (("POST", url + "/v1/nodes", make_node("n1")), TOKENS["router"], 403),
         (("POST", url + "/v1/activity", {"router": "r"}), TOKENS["router"], 400),
-        (("POST", url + "/v1/activity", {"router": "r"}), TOKENS["agent"], 401),
+        (("POST", url + "/v1/activity", {"router": "r"}), TOKENS["agent"], 403),
         (("GET", url + "/v1/routes"), None, 401),
-        (("GET", url + "/v1/summary?idle_after=soon"), None, 400),
+        (("GET", url + "/v1/summary?idle_after=soon"), TOKENS["viewer"], 400),
     ]
     for (method, target, *body), token, status in refusals:
         got, answer = call(method, target, body[0] if body else None, token=token)
@@ -53,8 +60,8 @@ def test_refusals_leave_the_state_intact(server):
         1
     ]
     assert bad_field["error"]["param"] == "replicas"
-    assert call("GET", url + "/v1/models")[1] == before
-    assert call("GET", url + "/v1/nodes")[1]["items"] == []
+    assert call("GET", url + "/v1/models", token=TOKENS["viewer"])[1] == before
+    assert call("GET", url + "/v1/nodes", token=TOKENS["viewer"])[1]["items"] == []
 
 
 def test_apply_is_idempotent_and_generations_guard_stale_writes(server):
@@ -72,24 +79,26 @@ def test_apply_is_idempotent_and_generations_guard_stale_writes(server):
         "POST", url + "/v1/models", {**spec(replicas=3), "generation": 1}, token=TOKENS["admin"]
     )
     assert stale[0] == 409
-    assert call("GET", url + "/v1/models/llama")[1]["desired"] == 2
+    assert call("GET", url + "/v1/models/llama", token=TOKENS["viewer"])[1]["desired"] == 2
 
 
 def test_agent_flow_routes_and_activity(server):
     url, _, _ = server
-    assert call("POST", url + "/v1/nodes", make_node("n1", gpus=2), token=TOKENS["agent"])[0] == 201
+    status, registered = call(
+        "POST", url + "/v1/nodes", make_node("n1", gpus=2), token=TOKENS["agent"]
+    )
+    assert status == 201
+    n1 = registered["credential"]  # the node's own, for its heartbeats from here on
     call("POST", url + "/v1/models", spec(), token=TOKENS["admin"])
     version = call("GET", url + "/v1/routes", token=TOKENS["router"])[1]["version"]
-    status, answer = call(
-        "POST", url + "/v1/nodes/n1/heartbeat", {"replicas": {}}, token=TOKENS["agent"]
-    )
+    status, answer = call("POST", url + "/v1/nodes/n1/heartbeat", {"replicas": {}}, token=n1)
     (assignment,) = answer["assignments"]
     assert assignment["command"][:2] == ["gpuctl", "sim-engine"] and assignment["gpus"] == [0]
     call(
         "POST",
         url + "/v1/nodes/n1/heartbeat",
         {"replicas": {assignment["replica"]: {"state": "Ready", "url": "http://127.0.0.1:1"}}},
-        token=TOKENS["agent"],
+        token=n1,
     )
     routes = call("GET", f"{url}/v1/routes?after={version}&wait=5", token=TOKENS["router"])[1]
     assert routes["routes"] == {
@@ -97,9 +106,9 @@ def test_agent_flow_routes_and_activity(server):
     }
     report = {"router": "r1", "uptime_s": 30, "used": {}, "watched": {assignment["replica"]: 30}}
     assert call("POST", url + "/v1/activity", report, token=TOKENS["router"])[0] == 200
-    (row,) = call("GET", url + "/v1/replicas")[1]["items"]
+    (row,) = call("GET", url + "/v1/replicas", token=TOKENS["viewer"])[1]["items"]
     assert row["idle_state"] == "at_least" and row["idle_s"] >= 30
-    summary = call("GET", url + "/v1/summary")[1]
+    summary = call("GET", url + "/v1/summary", token=TOKENS["viewer"])[1]
     assert summary["capacity"]["H100-80GB"] == {
         "used": 1,
         "free": 1,
@@ -111,9 +120,9 @@ def test_agent_flow_routes_and_activity(server):
         "POST",
         url + "/v1/nodes/n1/heartbeat",
         {"gpus": [{"index": 1, "healthy": False, "reason": "uncorrectable ECC"}]},
-        token=TOKENS["agent"],
+        token=n1,
     )
-    summary = call("GET", url + "/v1/summary")[1]
+    summary = call("GET", url + "/v1/summary", token=TOKENS["viewer"])[1]
     assert summary["capacity"]["H100-80GB"]["free"] == 0
     assert summary["capacity"]["H100-80GB"]["unhealthy"] == 1
     assert summary["unhealthy_gpus"] == [{"node": "n1", "index": 1, "reason": "uncorrectable ECC"}]
@@ -128,16 +137,16 @@ def test_nothing_accepted_is_lost_to_kill_9(procs, tmp_path):
     for i in range(5):
         assert call("POST", url + "/v1/models", spec(name=f"m{i}"), token="one-token")[0] == 201
     call("POST", url + "/v1/nodes/n1/cordon", token="one-token")
-    replicas = call("GET", url + "/v1/replicas")[1]["items"]
+    replicas = call("GET", url + "/v1/replicas", token="one-token")[1]["items"]
     assert len(replicas) == 5
     procs.terminate(proc, signal.SIGKILL)
     url, _ = control_plane(procs, state, tokens)
-    assert [m["name"] for m in call("GET", url + "/v1/models")[1]["items"]] == [
+    assert [m["name"] for m in call("GET", url + "/v1/models", token="one-token")[1]["items"]] == [
         f"m{i}" for i in range(5)
     ]
-    (node,) = call("GET", url + "/v1/nodes")[1]["items"]
+    (node,) = call("GET", url + "/v1/nodes", token="one-token")[1]["items"]
     assert node["schedulable"] == "cordoned"
-    assert {r["id"] for r in call("GET", url + "/v1/replicas")[1]["items"]} == {
+    assert {r["id"] for r in call("GET", url + "/v1/replicas", token="one-token")[1]["items"]} == {
         r["id"] for r in replicas
     }
 
