@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 
@@ -16,7 +17,13 @@ class ApiError(click.ClickException):
 
 
 def request(
-    base: str, method: str, path: str, body=None, token: str | None = None, timeout: float = 15.0
+    base: str,
+    method: str,
+    path: str,
+    body=None,
+    token: str | None = None,
+    timeout: float = 15.0,
+    ca_file: str | None = None,
 ):
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -24,7 +31,8 @@ def request(
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(base + path, data=data, headers=headers, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        with urllib.request.urlopen(req, timeout=timeout, context=tls) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as exc:
         raw = exc.read()
@@ -36,5 +44,11 @@ def request(
         raise ApiError(f"{exc.code}: {message}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise ApiError(
+                f"the control plane at {base} has a certificate this client does not trust"
+                f" ({reason.verify_message}): give --ca-file (or GPUCTL_CA_FILE, or ca_file in"
+                " the config file) with the CA that signed it"
+            ) from None
         raise ApiError(f"cannot reach the control plane at {base}: {reason}") from None
     return json.loads(raw) if raw else None

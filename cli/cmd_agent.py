@@ -2,6 +2,7 @@
 
 import logging
 import socket
+import ssl
 import sys
 from pathlib import Path
 
@@ -14,6 +15,11 @@ from controlplane.tokens import load_tokens
 
 @click.command("agent")
 @click.option("--server", "server_url", required=True, help="Control plane URL.")
+@click.option(
+    "--ca-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="CA certificate (PEM) that signed an https:// control plane's certificate.",
+)
 @click.option(
     "--token-file",
     type=click.Path(exists=True, dir_okay=False),
@@ -57,6 +63,7 @@ from controlplane.tokens import load_tokens
 @click.option("--log-level", default="info", show_default=True)
 def agent(
     server_url,
+    ca_file,
     token_file,
     fleet_file,
     name,
@@ -115,5 +122,6 @@ def agent(
             admin,
             parse_listen(admin_listen) if admin_listen else None,
             stop_replicas_on_exit,
+            ssl.create_default_context(cafile=ca_file) if ca_file else None,
         )
     )

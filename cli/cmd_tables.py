@@ -126,7 +126,33 @@ def _list_command(name: str, path: str, kind: str, render, help_text: str):
     return command
 
 
-nodes = _list_command("nodes", "/v1/nodes", "node", node_table, "List nodes and their GPUs.")
+@click.group("nodes", invoke_without_command=True)
+@OUTPUT
+@NO_HEADERS
+@WATCH
+@INTERVAL
+@pass_context
+@click.pass_context
+def nodes(click_ctx, ctx: Context, output: str, no_headers: bool, watch: bool, interval: float):
+    """List nodes and their GPUs; `nodes delete NAME` removes one."""
+    if click_ctx.invoked_subcommand is not None:
+        return
+    watching(
+        lambda: list_items(ctx, "/v1/nodes", "node", "name", node_table, output, no_headers),
+        watch,
+        interval,
+    )
+
+
+@nodes.command("delete")
+@click.argument("name")
+@OUTPUT
+@pass_context
+def delete_node(ctx: Context, name: str, output: str):
+    """Remove node NAME: its credential is revoked (its agent is refused from now on) and its
+    replicas are placed elsewhere."""
+    answer = ctx.delete(f"/v1/nodes/{name}")
+    emit(output, answer, lambda wide: f"node/{answer['name']} deleted", [f"node/{name}"])
 replicas = _list_command(
     "replicas",
     "/v1/replicas",

@@ -39,6 +39,12 @@ from cli.up import FleetUp
 )
 @click.option("--no-demo", is_flag=True, help="Do not apply the demo models.")
 @click.option(
+    "--tls",
+    is_flag=True,
+    help="Serve the control plane over HTTPS with a CA made in the fleet's directory; the "
+    "agent, router and gpuctl trust that CA alone.",
+)
+@click.option(
     "--tick",
     "tick_s",
     default=2.0,
@@ -46,7 +52,15 @@ from cli.up import FleetUp
     help="The router's activity report period (s).",
 )
 def up(
-    workdir, server_listen, router_listen, sim_admin_listen, simulate, fleet_file, no_demo, tick_s
+    workdir,
+    server_listen,
+    router_listen,
+    sim_admin_listen,
+    simulate,
+    fleet_file,
+    no_demo,
+    tls,
+    tick_s,
 ):
     """Run a whole fleet on this machine until Ctrl-C."""
     fleet = FleetUp(
@@ -58,6 +72,7 @@ def up(
         fleet_file,
         tick_s,
         click.echo,
+        tls,
     )
 
     def ask_to_stop(signum, frame):

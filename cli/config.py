@@ -1,6 +1,7 @@
 """How gpuctl finds its control plane, the way kubectl finds its cluster.
 
---server/--token, else GPUCTL_SERVER/GPUCTL_TOKEN, else the client config file
+--server/--token/--ca-file, else GPUCTL_SERVER/GPUCTL_TOKEN/GPUCTL_CA_FILE, else the client
+config file
 (GPUCTL_CONFIG, or config.yaml in the user's config directory, which `gpuctl up` writes),
 else http://127.0.0.1:8081 with no token.
 """
@@ -24,6 +25,7 @@ class ClientConfig:
     server: str = DEFAULT_SERVER
     token: str | None = None
     sim_admin: str = DEFAULT_SIM_ADMIN
+    ca_file: str | None = None  # the CA that signed an https:// control plane's certificate
 
 
 def config_file() -> Path:
@@ -43,9 +45,10 @@ def read_config_file() -> dict:
     return loaded
 
 
-def resolve(server: str | None, token: str | None) -> ClientConfig:
+def resolve(server: str | None, token: str | None, ca_file: str | None = None) -> ClientConfig:
     stored = read_config_file()
     return ClientConfig(
+        ca_file=ca_file or os.environ.get("GPUCTL_CA_FILE") or stored.get("ca_file"),
         server=(
             server or os.environ.get("GPUCTL_SERVER") or stored.get("server") or DEFAULT_SERVER
         ).rstrip("/"),
@@ -56,10 +59,12 @@ def resolve(server: str | None, token: str | None) -> ClientConfig:
     )
 
 
-def write_config(server: str, token: str | None, sim_admin: str | None) -> Path:
+def write_config(
+    server: str, token: str | None, sim_admin: str | None, ca_file: str | None = None
+) -> Path:
     path = config_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"server": server, "token": token, "sim_admin": sim_admin}
+    body = {"server": server, "token": token, "sim_admin": sim_admin, "ca_file": ca_file}
     path.write_text(yaml.safe_dump({k: v for k, v in body.items() if v}))
     path.chmod(0o600)
     return path

@@ -16,13 +16,14 @@ class Context:
     server_flag: str | None
     token_flag: str | None
     colour_mode: str = "auto"
+    ca_file_flag: str | None = None
     _config: ClientConfig | None = None
 
     @property
     def config(self) -> ClientConfig:
         if self._config is None:
             try:
-                self._config = resolve(self.server_flag, self.token_flag)
+                self._config = resolve(self.server_flag, self.token_flag, self.ca_file_flag)
             except ValueError as exc:
                 raise click.ClickException(str(exc)) from None
         return self._config
@@ -31,14 +32,18 @@ class Context:
     def colour(self) -> bool:
         return use_colour(self.colour_mode)
 
+    def call(self, method: str, path: str, body=None):
+        c = self.config
+        return client.request(c.server, method, path, body, token=c.token, ca_file=c.ca_file)
+
     def get(self, path: str):
-        return client.request(self.config.server, "GET", path, token=self.config.token)
+        return self.call("GET", path)
 
     def post(self, path: str, body=None):
-        return client.request(self.config.server, "POST", path, body or {}, token=self.config.token)
+        return self.call("POST", path, body or {})
 
     def delete(self, path: str):
-        return client.request(self.config.server, "DELETE", path, token=self.config.token)
+        return self.call("DELETE", path)
 
 
 pass_context = click.make_pass_decorator(Context)

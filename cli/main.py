@@ -24,6 +24,13 @@ from cli.context import Context
 )
 @click.option("--token", envvar="GPUCTL_TOKEN", default=None, help="Admin token.")
 @click.option(
+    "--ca-file",
+    envvar="GPUCTL_CA_FILE",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="CA certificate (PEM) that signed an https:// control plane's certificate.",
+)
+@click.option(
     "--color",
     "colour",
     type=click.Choice(["auto", "always", "never"]),
@@ -33,12 +40,12 @@ from cli.context import Context
 )
 @click.version_option(package_name="gpufleet", prog_name="gpuctl")
 @click.pass_context
-def gpuctl(click_ctx, server, token, colour):
+def gpuctl(click_ctx, server, token, ca_file, colour):
     """Operate a gpufleet: status, nodes, replicas, models, and the daemons themselves.
 
     Shell completion: eval "$(_GPUCTL_COMPLETE=bash_source gpuctl)" (zsh_source, fish_source).
     """
-    click_ctx.obj = Context(server, token, colour)
+    click_ctx.obj = Context(server, token, colour, ca_file)
 
 
 for command in (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ import click
 
 from cli import client
 from cli.config import write_config
+from cli.tls import make_certificates
 from controlplane.tokens import load_tokens, write_tokens
 
 DEMO_COMMAND = [
@@ -105,13 +107,14 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
+def wait_http(url: str, timeout: float, proc: subprocess.Popen, ca_file=None) -> None:
     deadline = time.monotonic() + timeout
+    tls = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise click.ClickException(f"it exited with code {proc.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=1):
+            with urllib.request.urlopen(url, timeout=1, context=tls):
                 return
         except OSError:
             time.sleep(0.1)
@@ -139,11 +142,15 @@ class FleetUp:
         fleet_file: str | None,
         tick_s: float,
         echo,
+        tls: bool = False,
     ) -> None:
         self.dir = workdir.resolve()
         self.logs = self.dir / "logs"
         self.pids = self.dir / "pids"
-        self.server_url = f"http://{server_listen[0]}:{server_listen[1]}"
+        self.tls = tls
+        self.ca_file: str | None = None  # set on start, with --tls
+        scheme = "https" if tls else "http"
+        self.server_url = f"{scheme}://{server_listen[0]}:{server_listen[1]}"
         self.router_url = f"http://{router_listen[0]}:{router_listen[1]}"
         self.admin_url = f"http://{admin_listen[0]}:{admin_listen[1]}"
         self.listens = {
@@ -177,6 +184,12 @@ class FleetUp:
         token_file = self.dir / "tokens.yaml"
         tokens = load_tokens(token_file) if token_file.exists() else write_tokens(token_file)
         self.admin_token = tokens["admin"]
+        server_tls, client_tls = [], []
+        if self.tls:
+            made = make_certificates(self.dir / "tls", (self.listens["control plane"][0],))
+            self.ca_file = str(made.ca)
+            server_tls = ["--tls-cert", str(made.cert), "--tls-key", str(made.key)]
+            client_tls = ["--ca-file", self.ca_file]
         simulate = self.simulate
         if simulate is None:
             from controlplane.agent.nvml import load_nvml
@@ -199,6 +212,7 @@ class FleetUp:
                     str(token_file),
                     "--node-timeout",
                     "10",
+                    *server_tls,
                 ],
                 self.server_url + "/healthz",
             ),
@@ -209,6 +223,7 @@ class FleetUp:
                     "agent",
                     "--server",
                     self.server_url,
+                    *client_tls,
                     "--token-file",
                     str(token_file),
                     "--state-dir",
@@ -238,6 +253,7 @@ class FleetUp:
                     "{}:{}".format(*self.listens["router"]),
                     "--control-plane",
                     self.server_url,
+                    *client_tls,
                     "--token-file",
                     str(token_file),
                     "--tick",
@@ -251,7 +267,8 @@ class FleetUp:
             self.launch(part)
             if part.health_url:
                 try:
-                    wait_http(part.health_url, 30, part.proc)
+                    tls = self.ca_file if part.health_url.startswith("https") else None
+                    wait_http(part.health_url, 30, part.proc, tls)
                 except click.ClickException as exc:
                     self.echo("failed")
                     raise click.ClickException(
@@ -259,7 +276,9 @@ class FleetUp:
                         f"{self.logs / self.log_name(part)}"
                     ) from None
             self.echo(f"ok   pid {part.proc.pid}")
-        write_config(self.server_url, self.admin_token, self.admin_url if simulate else None)
+        write_config(
+            self.server_url, self.admin_token, self.admin_url if simulate else None, self.ca_file
+        )
 
     def log_name(self, part: Part) -> str:
         return part.name.replace(" ", "-") + ".log"
@@ -282,9 +301,9 @@ class FleetUp:
     def apply_demo(self, timeout_s: float = 90.0) -> list[str]:
         deadline = time.monotonic() + 30
         while True:
-            nodes = client.request(self.server_url, "GET", "/v1/nodes", token=self.admin_token)[
-                "items"
-            ]
+            nodes = client.request(
+                self.server_url, "GET", "/v1/nodes", token=self.admin_token, ca_file=self.ca_file
+            )["items"]
             if nodes or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -298,15 +317,22 @@ class FleetUp:
             return []
         existing = {
             m["name"]
-            for m in client.request(self.server_url, "GET", "/v1/models", token=self.admin_token)[
-                "items"
-            ]
+            for m in client.request(
+                self.server_url, "GET", "/v1/models", token=self.admin_token, ca_file=self.ca_file
+            )["items"]
         }
         names = []
         for spec in demo_models(classes, nodes):
             names.append(spec["name"])
             if spec["name"] not in existing:
-                client.request(self.server_url, "POST", "/v1/models", spec, token=self.admin_token)
+                client.request(
+                    self.server_url,
+                    "POST",
+                    "/v1/models",
+                    spec,
+                    token=self.admin_token,
+                    ca_file=self.ca_file,
+                )
                 across = spec.get("nodes_per_replica", 1)
                 self.echo(
                     f"  applied model {spec['name']} ({spec['replicas']} x "
@@ -317,9 +343,9 @@ class FleetUp:
         self.echo("  waiting for replicas ", nl=False)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            models = client.request(self.server_url, "GET", "/v1/models", token=self.admin_token)[
-                "items"
-            ]
+            models = client.request(
+                self.server_url, "GET", "/v1/models", token=self.admin_token, ca_file=self.ca_file
+            )["items"]
             ready = {m["name"]: m["ready"] >= m["desired"] for m in models}
             if all(ready.get(name) for name in names):
                 self.echo(" ready")

@@ -52,6 +52,11 @@ def read_token(path: str | None) -> str | None:
 )
 @click.option("--control-plane", metavar="URL", help="Follow this control plane's routes.")
 @click.option(
+    "--ca-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="CA certificate (PEM) that signed an https:// control plane's certificate.",
+)
+@click.option(
     "--token-file",
     type=click.Path(exists=True, dir_okay=False),
     help="Router token for the control plane.",
@@ -142,6 +147,7 @@ def main(
     backends,
     routes_file,
     control_plane,
+    ca_file,
     token_file,
     api_keys_file,
     tick_s,
@@ -182,6 +188,7 @@ def main(
         reload_routes=None if control_plane else lambda: static_config(list(backends), routes_file),
         control_plane=control_plane,
         token=read_token(token_file),
+        ca_file=ca_file,
         router_id=router_id,
         tick_s=tick_s,
         drain_s=drain_s,

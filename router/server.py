@@ -34,6 +34,7 @@ class RouterSettings:
     reload_routes: Callable[[], tuple[dict, dict]] | None = None
     control_plane: str | None = None
     token: str | None = None
+    ca_file: str | None = None  # the CA that signed an https:// control plane's certificate
     router_id: str = ""
     tick_s: float = 2.0
     drain_s: float = 30.0
@@ -44,6 +45,15 @@ class RouterSettings:
     worker: int = 0
     catalog_every_s: float = 10.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
+
+
+def control_plane_connector(ca_file: str | None):
+    """A connector that trusts `ca_file` (and only it) for an https:// control plane."""
+    if not ca_file:
+        return None
+    import ssl
+
+    return aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file))
 
 
 class RouterServer:
@@ -99,7 +109,7 @@ class RouterServer:
             settings.host,
             settings.port,
         )
-        session = aiohttp.ClientSession()
+        session = aiohttp.ClientSession(connector=control_plane_connector(settings.ca_file))
         if settings.control_plane:
             self.reporter = ActivityReporter(
                 session,

@@ -106,3 +106,25 @@ def test_a_reused_pid_is_not_adopted(supervisors, tmp_path):
     second = supervisors()
     assert "r1" not in second.running and second.failed["r1"].state == "Failed"
     assert process_alive(os.getpid())
+
+
+def test_env_from_is_read_on_the_node_and_a_missing_source_fails_clearly(
+    supervisors, tmp_path, monkeypatch
+):
+    secret = tmp_path / "hf-token"
+    secret.write_text("hf_from_a_file\n")
+    monkeypatch.setenv("AGENT_SIDE_KEY", "sk-from-the-agent")
+    supervisor = supervisors()
+    given = {
+        **assignment("r1"),
+        "env_from": {"HF_TOKEN": {"file": str(secret)}, "API_KEY": {"agent_env": "AGENT_SIDE_KEY"}},
+    }
+    supervisor.reconcile([given])
+    run = supervisor.running["r1"]
+    env = open(f"/proc/{run.pid}/environ", "rb").read().split(b"\0")
+    assert b"HF_TOKEN=hf_from_a_file" in env and b"API_KEY=sk-from-the-agent" in env
+    missing = {**assignment("r2"), "env_from": {"HF_TOKEN": {"file": str(tmp_path / "none")}}}
+    supervisor.reconcile([given, missing])
+    assert "r2" not in supervisor.running
+    report = supervisor.reports()["r2"]
+    assert report["state"] == "Failed" and "env_from HF_TOKEN" in report["reason"], report

@@ -177,3 +177,67 @@ def test_gpuctl_up_end_to_end(tmp_path):
     leftovers = [pid for pid in children if process_alive(pid)]
     assert leftovers == [], f"still running after gpuctl up stopped: {leftovers}"
     assert not list(Path(fleet_dir / "pids").glob("*.pid"))
+
+
+def test_gpuctl_up_over_tls_with_its_own_ca(tmp_path):
+    ports = {name: free_port() for name in ("server", "router", "admin")}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")},
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "NO_COLOR": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = open(tmp_path / "up.log", "wb")
+    up = subprocess.Popen(
+        [
+            str(BIN / "gpuctl"), "up", "--tls", "--dir", str(tmp_path / "fleet"), "--simulate",
+            "--server-listen", f"127.0.0.1:{ports['server']}",
+            "--router-listen", f"127.0.0.1:{ports['router']}",
+            "--sim-admin-listen", f"127.0.0.1:{ports['admin']}",
+            "--tick", "0.5",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    output = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
+
+    def gpuctl(*args, extra_env=None):
+        return subprocess.run(
+            [str(BIN / "gpuctl"), *args],
+            env={**env, **(extra_env or {})},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    try:
+        wait_until(lambda: "gpufleet is up" in output() or up.poll() is not None, 120, "gpuctl up")
+        assert up.poll() is None, output()
+        assert f"control plane  https://127.0.0.1:{ports['server']}" in output()
+        status = gpuctl("status", "-o", "json")  # the config gpuctl up wrote names its CA
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["nodes"]["ready"] == 4
+        api = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{ports['router']}/v1", api_key="-", max_retries=0
+        )
+        answer = api.chat.completions.create(model="llama-3.1-8b", messages=[])
+        assert answer.choices[0].message.content, "the router follows the control plane on TLS"
+        stranger = gpuctl(
+            "--server",
+            f"https://127.0.0.1:{ports['server']}",
+            "status",
+            extra_env={"GPUCTL_CONFIG": str(tmp_path / "none.yaml")},
+        )
+        assert stranger.returncode == 1
+        assert "certificate this client does not trust" in stranger.stderr, stranger.stderr
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            raise
+        log.close()
+    assert up.returncode == 0, output()
