@@ -1,8 +1,9 @@
 """Paired timing, so two things measured in one run share the machine's noise.
 
 This machine's speed drifts by up to 2x over seconds (shared cores). Each round times `a` and
-then `b` back to back, over a few milliseconds, and the ratio of that pair is kept; the gate
-reads the median ratio over many rounds, which a slow second or two cannot move.
+then `b` back to back, over a few milliseconds, on the thread's CPU time, and the ratio of that
+pair is kept; the gate reads the median ratio over many rounds, which a slow second or two
+cannot move.
 """
 
 import statistics
@@ -10,12 +11,14 @@ import time
 
 
 def time_ns(fn, ops_per_call: int) -> float:
-    t0 = time.perf_counter_ns()
+    # CPU time of this thread: a round in which the scheduler ran another process is not
+    # counted as slow.
+    t0 = time.thread_time_ns()
     fn()
-    return (time.perf_counter_ns() - t0) / ops_per_call
+    return (time.thread_time_ns() - t0) / ops_per_call
 
 
-def paired(a, b, ops_per_call: int, rounds: int = 41) -> tuple[float, float, float]:
+def paired(a, b, ops_per_call: int, rounds: int = 101) -> tuple[float, float, float]:
     """(median ns/op of a, median ns/op of b, median of the per-round ratios a/b)."""
     a(), b()  # warm up
     times_a, times_b, ratios = [], [], []
