@@ -15,40 +15,60 @@ from tests.harness import BIN, free_port, wait_until
 pytestmark = pytest.mark.integration
 
 
+class Up:
+    """`gpuctl up` on free loopback ports in `tmp_path`, as a user would run it."""
+
+    def __init__(self, tmp_path, *flags: str) -> None:
+        self.ports = {name: free_port() for name in ("server", "router", "admin")}
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")},
+            "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            "NO_COLOR": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.log_path = tmp_path / "up.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [
+                str(BIN / "gpuctl"), "up", *flags, "--dir", str(tmp_path / "fleet"), "--simulate",
+                "--server-listen", f"127.0.0.1:{self.ports['server']}",
+                "--router-listen", f"127.0.0.1:{self.ports['router']}",
+                "--sim-admin-listen", f"127.0.0.1:{self.ports['admin']}",
+                "--tick", "0.5",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_up(self) -> None:
+        wait_until(
+            lambda: "gpufleet is up" in self.output() or self.proc.poll() is not None,
+            120,
+            "gpuctl up",
+        )
+        assert self.proc.poll() is None, self.output()
+
+    def stop(self) -> None:
+        """Ctrl-C, as a user would; it must stop within a minute, and cleanly."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+        finally:
+            self.log.close()
+        assert self.proc.returncode == 0, self.output()
+
+
 def test_gpuctl_up_end_to_end(tmp_path):
-    ports = {name: free_port() for name in ("server", "router", "admin")}
-    env = {
-        **os.environ,
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-        "NO_COLOR": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("GPUCTL_SERVER", None)
-    env.pop("GPUCTL_TOKEN", None)
-    env.pop("GPUCTL_CONFIG", None)
-    log = open(tmp_path / "up.log", "wb")
-    up = subprocess.Popen(
-        [
-            str(BIN / "gpuctl"),
-            "up",
-            "--dir",
-            str(tmp_path / "fleet"),
-            "--simulate",
-            "--server-listen",
-            f"127.0.0.1:{ports['server']}",
-            "--router-listen",
-            f"127.0.0.1:{ports['router']}",
-            "--sim-admin-listen",
-            f"127.0.0.1:{ports['admin']}",
-            "--tick",
-            "0.5",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    output = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
+    fleet = Up(tmp_path)
+    ports, env, output = fleet.ports, fleet.env, fleet.output
     fleet_dir = tmp_path / "fleet"
 
     def gpuctl(*args):
@@ -66,8 +86,7 @@ def test_gpuctl_up_end_to_end(tmp_path):
 
     children = []
     try:
-        wait_until(lambda: "gpufleet is up" in output() or up.poll() is not None, 120, "gpuctl up")
-        assert up.poll() is None, output()
+        fleet.wait_up()
         children = [int(p.read_text()) for p in (fleet_dir / "pids").glob("*.pid")]
         assert len(children) == 3
         api = openai.OpenAI(
@@ -165,14 +184,7 @@ def test_gpuctl_up_end_to_end(tmp_path):
             for p in (fleet_dir / "agent" / "nodes").glob("*/replicas/*.json")
         ]
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            raise
-        log.close()
-    assert up.returncode == 0, output()
+        fleet.stop()
     assert "gpufleet: stopped" in output()
     leftovers = [pid for pid in children if process_alive(pid)]
     assert leftovers == [], f"still running after gpuctl up stopped: {leftovers}"
@@ -180,28 +192,8 @@ def test_gpuctl_up_end_to_end(tmp_path):
 
 
 def test_gpuctl_up_over_tls_with_its_own_ca(tmp_path):
-    ports = {name: free_port() for name in ("server", "router", "admin")}
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")},
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-        "NO_COLOR": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    log = open(tmp_path / "up.log", "wb")
-    up = subprocess.Popen(
-        [
-            str(BIN / "gpuctl"), "up", "--tls", "--dir", str(tmp_path / "fleet"), "--simulate",
-            "--server-listen", f"127.0.0.1:{ports['server']}",
-            "--router-listen", f"127.0.0.1:{ports['router']}",
-            "--sim-admin-listen", f"127.0.0.1:{ports['admin']}",
-            "--tick", "0.5",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )  # fmt: skip
-    output = lambda: (tmp_path / "up.log").read_text()  # noqa: E731
+    fleet = Up(tmp_path, "--tls")
+    ports, env, output = fleet.ports, fleet.env, fleet.output
 
     def gpuctl(*args, extra_env=None):
         return subprocess.run(
@@ -213,8 +205,7 @@ def test_gpuctl_up_over_tls_with_its_own_ca(tmp_path):
         )
 
     try:
-        wait_until(lambda: "gpufleet is up" in output() or up.poll() is not None, 120, "gpuctl up")
-        assert up.poll() is None, output()
+        fleet.wait_up()
         assert f"control plane  https://127.0.0.1:{ports['server']}" in output()
         status = gpuctl("status", "-o", "json")  # the config gpuctl up wrote names its CA
         assert status.returncode == 0, status.stderr
@@ -233,11 +224,4 @@ def test_gpuctl_up_over_tls_with_its_own_ca(tmp_path):
         assert stranger.returncode == 1
         assert "certificate this client does not trust" in stranger.stderr, stranger.stderr
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            raise
-        log.close()
-    assert up.returncode == 0, output()
+        fleet.stop()
