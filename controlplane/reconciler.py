@@ -316,11 +316,12 @@ class Reconciler:
             placer = Placer(
                 list(fleet.nodes.values()), fleet.held_gpus() | fleet.reserved_gpus().keys()
             )
-            if placer.place(spec, 1).placements:
+            outcome = placer.place(spec, 1)
+            if outcome.placements:
                 continue  # it fits now: the next tick places it
-            self._take_room(spec, wanted[spec.name], now)
+            self._take_room(spec, wanted[spec.name], now, outcome.reason)
 
-    def _take_room(self, spec, why: str, now: float) -> None:
+    def _take_room(self, spec, why: str, now: float, placement_reason: str) -> None:
         fleet = self.fleet
         ids = list(fleet.replicas)
         plan = plan_room(
@@ -339,7 +340,6 @@ class Reconciler:
             ),
         )
         if plan.placement is None:
-            placement_reason = fleet.reasons.get(spec.name, "")
             if plan.final:
                 why = f"no room can be made: {plan.reason}" if plan.blockers else ""
                 reason = "; ".join(x for x in (placement_reason, why) if x)
