@@ -35,6 +35,11 @@ FEW, MANY = 300, 1300
 
 
 def instructions(tree: Path, requests: int, affinity: str, interpreted: bool = False) -> int:
+    return callgrind(tree, PROGRAM, [str(requests), affinity], interpreted)
+
+
+def callgrind(tree: Path, program: str, args: list[str], interpreted: bool = False) -> int:
+    """Instructions `python -c program *args` runs in `tree`, start-up included."""
     # A fixed hash seed: dict and set layouts, and so the count, are the same run to run.
     env = {k: v for k, v in os.environ.items() if k != "GPUROUTER_NO_EXTENSIONS"}
     env["PYTHONHASHSEED"] = "0"
@@ -48,9 +53,8 @@ def instructions(tree: Path, requests: int, affinity: str, interpreted: bool = F
                 f"--callgrind-out-file={scratch}/out",
                 sys.executable,
                 "-c",
-                PROGRAM,
-                str(requests),
-                affinity,
+                program,
+                *args,
             ],
             cwd=tree,
             env=env,

@@ -1,14 +1,47 @@
 """Perf gates of the fast path: each compares two things in the same run and gates on the ratio."""
 
+import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from bench import loop_instructions
 from bench.figures import record
 from bench.timing import paired
 from router import _fastpath, fastpath_py
 
 LOOPS = 10_000
+# The floor gates count instructions (bench.loop_instructions): acquire+release measured 1.40x
+# the same calls doing nothing, keyed 1.43x, the same every run. Timed, the keyed loop read
+# 1.6 to 2.2 from one process to the next (its memory layout, not its code), against a bar of
+# 2.0. The bar sits about 12% over the counts: an allocation or a Python call on the path
+# costs more than that. The timed ratio is still reported, and is the gate (at 2.0) where
+# valgrind is not installed.
+MAX_FLOOR_INSTRUCTIONS = 1.6
+MAX_FLOOR_TIME = 2.0
+
+
+@pytest.fixture(scope="module")
+def loop_counts():
+    """Instructions per loop of the fast path's calls, or None without valgrind."""
+    if shutil.which("valgrind") is None:
+        return None
+    with ThreadPoolExecutor(2) as pool:
+        return loop_instructions.per_loop(pool)
+
+
+def within_floor(name: str, timed_ratio: float, counts) -> None:
+    if counts is None:
+        record(f"{name}: valgrind not installed, gated on the timed ratio")
+        assert timed_ratio <= MAX_FLOOR_TIME
+        return
+    ratio = counts[name] / counts[f"{name}_floor"]
+    record(
+        f"{name} acquire+release instructions a loop: {counts[name]:.0f}, the floor"
+        f" {counts[f'{name}_floor']:.0f}, ratio {ratio:.2f}"
+    )
+    assert ratio <= MAX_FLOOR_INSTRUCTIONS, counts
 
 
 def table_with(module, models: int, per_model: int = 4):
@@ -85,7 +118,7 @@ def test_acquire_cost_does_not_grow_with_the_table(benchmark):
     assert ratio <= 2.0
 
 
-def test_acquire_release_is_within_2x_of_the_call_floor(benchmark):
+def test_acquire_release_stays_close_to_the_call_floor(benchmark, loop_counts):
     table = table_with(_fastpath, 1)
     # The table's own key object, so that the gate measures the table: a model name freshly
     # parsed from a request also costs the dict a string compare, measured and reported below
@@ -112,10 +145,10 @@ def test_acquire_release_is_within_2x_of_the_call_floor(benchmark):
         fresh_name_ratio=fresh_ratio,
     )
     benchmark(work)
-    assert ratio <= 2
+    within_floor("plain", ratio, loop_counts)
 
 
-def test_keyed_acquire_is_within_2x_of_the_call_floor(benchmark):
+def test_keyed_acquire_stays_close_to_the_call_floor(benchmark, loop_counts):
     # Affinity: rendezvous hashing with bounded loads over the model's endpoints, against the
     # same calls with the same arguments doing nothing.
     table = table_with(_fastpath, 1)
@@ -139,7 +172,7 @@ def test_keyed_acquire_is_within_2x_of_the_call_floor(benchmark):
         ratio=ratio,
     )
     benchmark(work)
-    assert ratio <= 2
+    within_floor("keyed", ratio, loop_counts)
 
 
 @pytest.mark.parametrize("endpoints", [4, 400, 4_000, 40_000])
