@@ -191,13 +191,14 @@ def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, block
     need_gpus = waiting.gpus_per_replica
     best: _Option | None = None
     standing: list[Blocker] = []
+    taken = held.keys() | inputs.reserved.keys()  # once: the fleet's GPUs, not one node's
     for node in sorted(inputs.nodes, key=lambda n: n.name):
         if not eligible(node):
             continue
         usable = _usable_gpus(node, waiting.gpu_class)
         if len(usable) < need_gpus:
             continue
-        free = [i for i in usable if (node.name, i) not in held | inputs.reserved.keys()]
+        free = [i for i in usable if (node.name, i) not in taken]
         kept_for = {
             inputs.reserved[(node.name, i)] for i in usable if (node.name, i) in inputs.reserved
         }
