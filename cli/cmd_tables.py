@@ -153,6 +153,8 @@ def delete_node(ctx: Context, name: str, output: str):
     replicas are placed elsewhere."""
     answer = ctx.delete(f"/v1/nodes/{name}")
     emit(output, answer, lambda wide: f"node/{answer['name']} deleted", [f"node/{name}"])
+
+
 replicas = _list_command(
     "replicas",
     "/v1/replicas",

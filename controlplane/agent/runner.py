@@ -12,7 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.agent.agent import ControlPlaneClient, Credential, NodeAgent
-from controlplane.agent.supervisor import Supervisor
+from controlplane.agent.supervisor import EnginePorts, Supervisor
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -31,10 +31,11 @@ async def run_agents(
 ) -> None:
     session = aiohttp.ClientSession()
     client = ControlPlaneClient(session, server, token, ssl)
+    ports = EnginePorts()
     agents = {
         inv.name: NodeAgent(
             inv,
-            Supervisor(state_dir / "nodes" / inv.name, inv.address, stop_grace_s),
+            Supervisor(state_dir / "nodes" / inv.name, inv.address, stop_grace_s, ports=ports),
             client,
             heartbeat_s,
             Credential(state_dir / "nodes" / inv.name / "credential"),

@@ -55,6 +55,39 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+class EnginePorts:
+    """Hands each engine a port that no other engine of this agent holds.
+
+    A port the kernel calls free is free only at that moment: the engine binds it seconds, or
+    for a large model minutes, later, and meanwhile the kernel may offer it again, to the next
+    replica of the same pass or of another node of a simulated fleet. So a port stays taken for
+    as long as a record of its replica runs or stops, on every node this agent serves.
+    """
+
+    TRIES = 64
+
+    def __init__(self) -> None:
+        self._supervisors: list[Supervisor] = []
+
+    def join(self, supervisor: Supervisor) -> None:
+        self._supervisors.append(supervisor)
+
+    def held(self) -> set[int]:
+        return {
+            run.port
+            for supervisor in self._supervisors
+            for run in (*supervisor.running.values(), *supervisor.stopping.values())
+        }
+
+    def take(self) -> int:
+        held = self.held()
+        for _ in range(self.TRIES):
+            port = free_port()
+            if port not in held:
+                return port
+        raise OSError(f"no free port found in {self.TRIES} tries ({len(held)} held by engines)")
+
+
 def expand(template: list[str], values: dict[str, str]) -> list[str]:
     """Fill {placeholders} in each argument; the result is an argv, never a shell line."""
     out = []
@@ -111,6 +144,7 @@ class Supervisor:
         address: str,
         stop_grace_s: float = 30.0,
         start_timeout_s: float = 1800.0,
+        ports: EnginePorts | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.records = state_dir / "replicas"
@@ -124,6 +158,8 @@ class Supervisor:
         self.children: dict[int, subprocess.Popen] = {}
         self.stopping: dict[str, Running] = {}
         self.failed: dict[str, Running] = {}
+        self.ports = ports or EnginePorts()
+        self.ports.join(self)
         self.adopt()
 
     # records
@@ -173,7 +209,13 @@ class Supervisor:
                 del self.failed[replica]
 
     def start(self, a: dict) -> None:
-        port = free_port()
+        try:
+            port = self.ports.take()
+        except OSError as exc:
+            failed = self._record_of(a, 0, 0, list(a["command"]))
+            failed.state, failed.reason = "Failed", f"cannot give the engine a port: {exc}"
+            self.failed[a["replica"]] = failed
+            return
         values = {
             "port": str(port),
             "model": a["model"],

@@ -128,3 +128,45 @@ def test_env_from_is_read_on_the_node_and_a_missing_source_fails_clearly(
     assert "r2" not in supervisor.running
     report = supervisor.reports()["r2"]
     assert report["state"] == "Failed" and "env_from HF_TOKEN" in report["reason"], report
+
+
+def test_engines_started_together_never_share_a_port(tmp_path, monkeypatch):
+    """The kernel may offer a free port twice before the first engine binds it; as it did
+    for two replicas of two simulated nodes of one agent, of which one then failed."""
+    from controlplane.agent import supervisor as module
+
+    offered = iter([41001, 41001, 41001, 41002, 41001, 41002, 41003])
+    monkeypatch.setattr(module, "free_port", lambda host="127.0.0.1": next(offered))
+    ports = module.EnginePorts()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    nodes = [
+        Supervisor(tmp_path / name, "127.0.0.1", stop_grace_s=3, ports=ports)
+        for name in ("n1", "n2")
+    ]
+    try:
+        nodes[0].reconcile([assignment("a", command=sleeper)])
+        nodes[1].reconcile([assignment("b", command=sleeper)])
+        nodes[0].reconcile([assignment("a", command=sleeper), assignment("c", command=sleeper)])
+        taken = [nodes[0].running["a"].port, nodes[1].running["b"].port]
+        taken.append(nodes[0].running["c"].port)
+        assert taken == [41001, 41002, 41003]
+    finally:
+        for node in nodes:
+            node.stop_all(wait_s=3)
+
+
+def test_no_port_to_give_fails_the_replica_with_the_reason(tmp_path, monkeypatch):
+    from controlplane.agent import supervisor as module
+
+    monkeypatch.setattr(module, "free_port", lambda host="127.0.0.1": 41001)
+    ports = module.EnginePorts()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    node = Supervisor(tmp_path / "n1", "127.0.0.1", stop_grace_s=3, ports=ports)
+    try:
+        node.reconcile([assignment("a", command=sleeper)])
+        node.reconcile([assignment("a", command=sleeper), assignment("b", command=sleeper)])
+        assert set(node.running) == {"a"}
+        report = node.reports()["b"]
+        assert report["state"] == "Failed" and "cannot give the engine a port" in report["reason"]
+    finally:
+        node.stop_all(wait_s=3)
