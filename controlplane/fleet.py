@@ -555,13 +555,13 @@ class Fleet:
     def snapshot(self, route_version: int = 0) -> FleetSnapshot:
         """Every view of the routers is taken at one `now`: a router read live by one view and
         silent by the next would make the summary and the tables disagree."""
-        replicas = [Replica.from_dict(r.to_dict()) for r in self.replicas.values()]
+        replicas = [r.copy() for r in self.replicas.values()]
         ids = [r.id for r in replicas]
         now = self.wall()
         return FleetSnapshot(
-            nodes=[Node.from_dict(n.to_dict()) for n in self.nodes.values()],
+            nodes=[n.copy() for n in self.nodes.values()],
             replicas=replicas,
-            specs=[ModelSpec(**s.to_dict()) for s in self.specs.values()],
+            specs=[s.copy() for s in self.specs.values()],
             reasons=dict(self.reasons),
             idle=self.idle.idle_map(ids, now),
             routers=self.idle.router_rows(now),

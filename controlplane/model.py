@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
@@ -61,6 +61,19 @@ class GPU:
     healthy: bool = True
     reason: str = ""
 
+    def copy(self) -> GPU:
+        return GPU(self.index, self.uuid, self.gpu_class, self.memory_mb, self.healthy, self.reason)
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "gpu_class": self.gpu_class,
+            "memory_mb": self.memory_mb,
+            "healthy": self.healthy,
+            "reason": self.reason,
+        }
+
 
 @dataclass
 class Node:
@@ -73,11 +86,30 @@ class Node:
     ready: bool = True
     last_heartbeat: float = 0.0  # control-plane monotonic clock, not persisted
 
+    # Written out rather than dataclasses.asdict, which recurses through every field and
+    # deep-copies each value: a snapshot of 16,000 nodes spent seconds there.
     def to_dict(self) -> dict:
-        body = asdict(self)
-        body["schedulable"] = str(self.schedulable)
-        body.pop("last_heartbeat")
-        return body
+        return {
+            "name": self.name,
+            "address": self.address,
+            "fabric": self.fabric,
+            "gpus": [gpu.to_dict() for gpu in self.gpus],
+            "labels": dict(self.labels),
+            "schedulable": str(self.schedulable),
+            "ready": self.ready,
+        }
+
+    def copy(self) -> Node:
+        return Node(
+            self.name,
+            self.address,
+            self.fabric,
+            [gpu.copy() for gpu in self.gpus],
+            dict(self.labels),
+            self.schedulable,
+            self.ready,
+            self.last_heartbeat,
+        )
 
     @classmethod
     def from_dict(cls, body: dict) -> Node:
@@ -118,6 +150,14 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def copy(self) -> ModelSpec:
+        return replace(
+            self,
+            command=list(self.command),
+            env=dict(self.env),
+            env_from={name: dict(source) for name, source in self.env_from.items()},
+        )
 
     @property
     def floor(self) -> int:
@@ -165,9 +205,34 @@ class Replica:
         return [s.node for s in self.placement]
 
     def to_dict(self) -> dict:
-        body = asdict(self)
-        body["state"] = str(self.state)
-        return body
+        return {
+            "id": self.id,
+            "model": self.model,
+            "placement": [{"node": s.node, "gpus": list(s.gpus)} for s in self.placement],
+            "state": str(self.state),
+            "reason": self.reason,
+            "url": self.url,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "exit_code": self.exit_code,
+            "log_tail": self.log_tail,
+            "ready_at": self.ready_at,
+        }
+
+    def copy(self) -> Replica:
+        return Replica(
+            self.id,
+            self.model,
+            [Slice(s.node, list(s.gpus)) for s in self.placement],
+            self.state,
+            self.reason,
+            self.url,
+            self.created_at,
+            self.updated_at,
+            self.exit_code,
+            self.log_tail,
+            self.ready_at,
+        )
 
     @classmethod
     def from_dict(cls, body: dict) -> Replica:
