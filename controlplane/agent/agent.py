@@ -133,8 +133,10 @@ class NodeAgent:
                     log.warning("%s: registration failed (%s); retrying", self.inventory.name, exc)
             except Exception as exc:
                 log.warning("%s: registration failed (%s); retrying", self.inventory.name, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            # Refused or unreachable alike, the next try waits: thousands of agents retrying
+            # at once must not keep a struggling control plane down.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def own_token(self) -> str | None:
         return self.credential.read() if self.credential is not None else None
