@@ -1,6 +1,7 @@
 """`gpuctl nodes`, `gpuctl replicas`, `gpuctl models`: the tables, from one snapshot each."""
 
 import time
+from urllib.parse import urlencode
 
 import click
 
@@ -95,9 +96,35 @@ def model_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     return table(headers, rows, no_headers, right={2}, width=width)
 
 
-def list_items(ctx: Context, path: str, kind: str, key: str, render, output: str, no_headers):
+CHUNK_SIZE = click.option(
+    "--chunk-size",
+    default=500,
+    show_default=True,
+    type=click.IntRange(min=0, max=10_000),
+    help="Fetch the list this many items a request (0: all in one).",
+)
+
+
+def fetch_list(ctx: Context, path: str, chunk_size: int = 500) -> dict:
+    """The whole list, a page at a time: a fleet's 16,000 nodes are many small answers, not
+    one of 10 MB. A server that does not page answers the first request whole."""
+    if not chunk_size:
+        return ctx.get(path)
+    items, token = [], None
+    while True:
+        query = {"limit": chunk_size, **({"continue": token} if token else {})}
+        answer = ctx.get(f"{path}?{urlencode(query)}")
+        items += answer["items"]
+        token = answer.pop("metadata", {}).get("continue")
+        if not token:
+            return {**answer, "items": items}
+
+
+def list_items(
+    ctx: Context, path: str, kind: str, key: str, render, output: str, no_headers, chunk_size=500
+):
     """GET a list and show it: `render(items, wide, no_headers, width)` for humans."""
-    answer = ctx.get(path)
+    answer = fetch_list(ctx, path, chunk_size)
     items = answer["items"]
     if not items and output in ("table", "wide"):
         click.echo(f"No {kind}s found.", err=True)
@@ -116,11 +143,16 @@ def _list_command(name: str, path: str, kind: str, render, help_text: str):
     @NO_HEADERS
     @WATCH
     @INTERVAL
+    @CHUNK_SIZE
     @pass_context
-    def command(ctx: Context, output: str, no_headers: bool, watch: bool, interval: float):
+    def command(
+        ctx: Context, output: str, no_headers: bool, watch: bool, interval: float, chunk_size: int
+    ):
         key = "id" if kind == "replica" else "name"
         watching(
-            lambda: list_items(ctx, path, kind, key, render, output, no_headers), watch, interval
+            lambda: list_items(ctx, path, kind, key, render, output, no_headers, chunk_size),
+            watch,
+            interval,
         )
 
     return command
@@ -131,14 +163,25 @@ def _list_command(name: str, path: str, kind: str, render, help_text: str):
 @NO_HEADERS
 @WATCH
 @INTERVAL
+@CHUNK_SIZE
 @pass_context
 @click.pass_context
-def nodes(click_ctx, ctx: Context, output: str, no_headers: bool, watch: bool, interval: float):
+def nodes(
+    click_ctx,
+    ctx: Context,
+    output: str,
+    no_headers: bool,
+    watch: bool,
+    interval: float,
+    chunk_size: int,
+):
     """List nodes and their GPUs; `nodes delete NAME` removes one."""
     if click_ctx.invoked_subcommand is not None:
         return
     watching(
-        lambda: list_items(ctx, "/v1/nodes", "node", "name", node_table, output, no_headers),
+        lambda: list_items(
+            ctx, "/v1/nodes", "node", "name", node_table, output, no_headers, chunk_size
+        ),
         watch,
         interval,
     )

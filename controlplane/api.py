@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 from aiohttp import web
 
@@ -11,10 +13,12 @@ from controlplane.fleet import BadRequest, Conflict, Fleet, NotFound
 from controlplane.idle import ReportError
 from controlplane.metrics import exposition
 from controlplane.model import ReplicaState, Schedulable, SpecError, parse_duration
+from controlplane.paging import BadPage, page
 from controlplane.reconciler import Reconciler
 from controlplane.redact import public_spec
 from controlplane.scaling import plan_stop_idle
 from controlplane.summary import model_rows, node_rows, replica_rows, summary
+from controlplane.views import Views
 
 FLEET_KEY = web.AppKey("fleet", Fleet)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
@@ -23,6 +27,9 @@ NEEDS_KEY = web.AppKey("needs", dict)  # route -> the roles that may call it
 CALLER_KEY = "caller"
 WAKE_KEY = web.AppKey("wake", object)
 STATS_KEY = web.AppKey("stats", dict)
+VIEWS_KEY = web.AppKey("views", Views)
+# A list this long or longer is encoded in a worker thread: 16,000 nodes are 10 MB of JSON.
+LONG_LIST = 1000
 
 
 class ApiError(Exception):
@@ -31,8 +38,11 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.field = status, message, kind, field
 
 
+JSON = "application/json"
+
+
 def json_response(payload, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
+    return web.Response(body=orjson.dumps(payload), status=status, content_type=JSON)
 
 
 def error_response(status: int, message: str, kind: str, field: str | None = None):
@@ -240,18 +250,42 @@ async def get_assignments(request: web.Request) -> web.Response:
 # operators
 
 
-def snapshot(request: web.Request):
-    return request.app[FLEET_KEY].snapshot(request.app[RECONCILER_KEY].routes.version)
+async def view(request: web.Request, name, build):
+    """A view of the fleet, shared by every reader of the same state (controlplane/views.py)."""
+    return await request.app[VIEWS_KEY].get(name, build)
+
+
+async def paged_list(request: web.Request, kind: str, rows: list[dict], sort_key) -> web.Response:
+    try:
+        chosen, metadata = page(
+            rows, sort_key, request.query.get("limit"), request.query.get("continue")
+        )
+    except BadPage as exc:
+        raise ApiError(400, str(exc), "invalid_request", exc.field) from None
+    body = items(kind, chosen)
+    if metadata:
+        body["metadata"] = metadata
+    if len(chosen) < LONG_LIST:
+        return json_response(body)
+    return web.Response(body=await asyncio.to_thread(orjson.dumps, body), content_type=JSON)
+
+
+def by_name(row: dict) -> tuple:
+    return (row["name"],)
+
+
+def by_model_and_id(row: dict) -> tuple:
+    return (row["model"], row["id"])
 
 
 async def list_nodes(request: web.Request) -> web.Response:
-    return json_response(items("NodeList", node_rows(snapshot(request))))
+    return await paged_list(request, "NodeList", await view(request, "nodes", node_rows), by_name)
 
 
 async def get_node(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     request.app[FLEET_KEY].node(name)
-    row = next(r for r in node_rows(snapshot(request)) if r["name"] == name)
+    row = next(r for r in await view(request, "nodes", node_rows) if r["name"] == name)
     return json_response(row)
 
 
@@ -270,15 +304,16 @@ async def set_node_state(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_response(items("ModelList", model_rows(snapshot(request))))
+    rows = await view(request, "models", model_rows)
+    return await paged_list(request, "ModelList", rows, by_name)
 
 
 async def get_model(request: web.Request) -> web.Response:
     fleet = request.app[FLEET_KEY]
     spec = fleet.spec(request.match_info["name"])
-    snap = snapshot(request)
-    row = next(r for r in model_rows(snap) if r["name"] == spec.name)
-    replicas = [r for r in replica_rows(snap) if r["model"] == spec.name]
+    rows = await view(request, "models", model_rows)
+    row = next(r for r in rows if r["name"] == spec.name)
+    replicas = [r for r in await view(request, "replicas", replica_rows) if r["model"] == spec.name]
     events = [{"at": at, "message": text} for at, text in fleet.events.get(spec.name, ())]
     return json_response({**row, "spec": public_spec(spec), "replicas": replicas, "events": events})
 
@@ -315,11 +350,11 @@ async def scale_model(request: web.Request) -> web.Response:
 
 
 async def list_replicas(request: web.Request) -> web.Response:
-    rows = replica_rows(snapshot(request))
+    rows = await view(request, "replicas", replica_rows)
     model = request.query.get("model")
     if model:
         rows = [r for r in rows if r["model"] == model]
-    return json_response(items("ReplicaList", rows))
+    return await paged_list(request, "ReplicaList", rows, by_model_and_id)
 
 
 async def get_summary(request: web.Request) -> web.Response:
@@ -328,7 +363,10 @@ async def get_summary(request: web.Request) -> web.Response:
         threshold = parse_duration(idle_after, "idle_after") if idle_after else None
     except SpecError as exc:
         raise ApiError(400, str(exc), "invalid_request", "idle_after") from None
-    return json_response(summary(snapshot(request), threshold))
+    body = await view(
+        request, ("summary", threshold), lambda s: orjson.dumps(summary(s, threshold))
+    )
+    return web.Response(body=body, content_type=JSON)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -336,15 +374,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    snap = snapshot(request)
     fleet = request.app[FLEET_KEY]
     stats = {
         **request.app[STATS_KEY],
-        "stops": request.app[RECONCILER_KEY].stops,
-        "swap_totals": fleet.swap_totals,
-        "swap_seconds": fleet.swap_seconds,
+        "stops": dict(request.app[RECONCILER_KEY].stops),
+        "swap_totals": dict(fleet.swap_totals),
+        "swap_seconds": fleet.swap_seconds.copy(),
+        "views_built": request.app[VIEWS_KEY].built,
     }
-    text = exposition(summary(snap), model_rows(snap), stats)
+    fleet_summary = await view(request, ("summary", None), lambda s: summary(s))
+    models = await view(request, "models", model_rows)
+    text = await asyncio.to_thread(exposition, fleet_summary, models, stats)
     return web.Response(text=text, content_type="text/plain")
 
 
@@ -391,6 +431,12 @@ def build_app(
     app[WAKE_KEY] = wake_event
     app[STATS_KEY] = {"activity_reports": 0, "ticks": 0}
     app[NEEDS_KEY] = {}
+    stats = app[STATS_KEY]
+    app[VIEWS_KEY] = Views(
+        fleet,
+        lambda: reconciler.routes.version,
+        lambda: (stats["ticks"], stats["activity_reports"]),
+    )
     for method, path, handler, needs in ROUTES:
         route = app.router.add_route(method, path, handler)
         app[NEEDS_KEY][route] = needs

@@ -133,7 +133,20 @@ class Fleet:
         for node in self.nodes.values():
             # A restarted control plane gives every node one timeout to be heard from again.
             node.last_heartbeat = started
+        self.version = 0
         self.changed = True  # tells the reconciler to look again
+
+    @property
+    def changed(self) -> bool:
+        """Whether the state changed since the reconciler last looked; each change also moves
+        `version`, by which readers know their views are current."""
+        return self._changed
+
+    @changed.setter
+    def changed(self, value: bool) -> None:
+        if value:
+            self.version += 1
+        self._changed = value
 
     # specs
 

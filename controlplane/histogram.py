@@ -12,6 +12,11 @@ class Histogram:
         self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
         self.sum = 0.0
 
+    def copy(self) -> Histogram:
+        copy = Histogram(self.buckets)
+        copy.counts, copy.sum = list(self.counts), self.sum
+        return copy
+
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.buckets, value)] += 1
         self.sum += value

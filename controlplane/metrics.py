@@ -152,6 +152,12 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
         "gpufleet_reconcile_ticks_total", "counter", "Reconciler ticks run.", [({}, stats["ticks"])]
     )
     out += family(
+        "gpufleet_views_built_total",
+        "counter",
+        "Summaries and tables computed for readers; readers of one state share one.",
+        [({}, stats.get("views_built", 0))],
+    )
+    out += family(
         "gpufleet_route_version",
         "gauge",
         "Version of the published routing table.",

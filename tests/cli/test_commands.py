@@ -247,3 +247,16 @@ def test_scale_on_an_autoscaled_model_sets_the_start_or_refuses_outside_the_boun
         refused = run(*auth, "apply", "-f", str(write(tmp_path, {**body, **bad})))
         assert refused.exit_code == 1 and field in refused.output, (bad, refused.output)
     assert call("GET", cp + "/v1/models/busy", token="sekret")[1]["spec"]["max_replicas"] == 4
+
+
+def test_a_list_is_fetched_a_chunk_at_a_time_and_comes_whole(cp):
+    auth = ["--server", cp, "--token", "sekret"]
+    for name in ("gpu-3", "gpu-1", "gpu-2"):
+        call("POST", cp + "/v1/nodes", make_node(name, gpus=2), token="sekret")
+    paged = json.loads(run(*auth, "nodes", "-o", "json", "--chunk-size", "1").output)
+    assert [n["name"] for n in paged["items"]] == ["gpu-1", "gpu-2", "gpu-3"]
+    assert "metadata" not in paged
+    assert paged == json.loads(run(*auth, "nodes", "-o", "json", "--chunk-size", "0").output)
+    table = run(*auth, "nodes", "--chunk-size", "2", "--no-headers").output.splitlines()
+    assert [line.split()[0] for line in table] == ["gpu-1", "gpu-2", "gpu-3"]
+    assert run(*auth, "nodes", "--chunk-size", "-1").exit_code == 2

@@ -188,3 +188,34 @@ def test_metrics_are_families_a_dashboard_can_use(server):
     assert gpus[(("gpu_class", "H100-80GB"), ("state", "unavailable"))] == 2
     assert gpus[(("gpu_class", "H100-80GB"), ("state", "used"))] == 2
     assert families["gpufleet_model_idle_gpus"][(("model", "fits"),)] == 0
+
+
+def test_lists_page_with_limit_and_continue_and_refuse_a_bad_page(server):
+    url, _, _ = server
+    for i in range(5):
+        assert call("POST", url + "/v1/nodes", make_node(f"n{i}"), token=TOKENS["agent"])[0] == 201
+    whole = call("GET", url + "/v1/nodes", token=TOKENS["viewer"])[1]
+    assert [n["name"] for n in whole["items"]] == [f"n{i}" for i in range(5)]
+    assert "metadata" not in whole
+    seen, token, pages = [], None, []
+    while True:
+        query = "?limit=2" + (f"&continue={token}" if token else "")
+        status, answer = call("GET", url + "/v1/nodes" + query, token=TOKENS["viewer"])
+        assert status == 200 and answer["kind"] == "NodeList"
+        pages.append(len(answer["items"]))
+        seen += answer["items"]
+        token = answer.get("metadata", {}).get("continue")
+        if token is None:
+            break
+        assert answer["metadata"]["remaining"] == 5 - len(seen)
+    assert pages == [2, 2, 1] and seen == whole["items"]
+    for query, field in [
+        ("?limit=0", "limit"),
+        ("?limit=x", "limit"),
+        ("?continue=@@", "continue"),
+    ]:
+        status, answer = call("GET", url + "/v1/nodes" + query, token=TOKENS["viewer"])
+        assert status == 400 and answer["error"]["param"] == field, answer
+        status, answer = call("GET", url + "/v1/replicas" + query, token=TOKENS["viewer"])
+        assert status == 400 and answer["error"]["param"] == field, answer
+    assert call("GET", url + "/v1/nodes", token=TOKENS["viewer"])[1] == whole
