@@ -87,7 +87,7 @@ def agent(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     token = tokens.get("agent")
-    admin = None
+    admin = in_process = None
     if fleet_file is not None:
         from sim.admin import build_admin
         from sim.fleet import FleetFileError, load_fleet
@@ -98,6 +98,11 @@ def agent(
             raise click.UsageError(str(exc)) from None
         stop_replicas_on_exit = True
         admin = build_admin
+        if any(inv.replicas == "in_process" for inv in inventories):
+            from cli.cmd_sim_engine import settings_from_args
+            from sim.replicas import InProcessReplicas
+
+            in_process = InProcessReplicas(settings_from_args, inventories[0].address)
     else:
         from controlplane.agent.nvml import NvmlInventory, load_nvml
 
@@ -123,5 +128,6 @@ def agent(
             parse_listen(admin_listen) if admin_listen else None,
             stop_replicas_on_exit,
             ssl.create_default_context(cafile=ca_file) if ca_file else None,
+            in_process,
         )
     )

@@ -63,18 +63,34 @@ def sim_engine(
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
 
+    uvloop.run(serve(settings_from(click.get_current_context().params), host, port))
+
+
+def settings_from(params: dict) -> EngineSettings:
     faults = Faults(
-        error_rate=error_rate, hang=hang, close_after_tokens=close_after_tokens, unhealthy=unhealthy
+        error_rate=params["error_rate"],
+        hang=params["hang"],
+        close_after_tokens=params["close_after_tokens"],
+        unhealthy=params["unhealthy"],
     )
-    settings = EngineSettings(
-        models=list(models),
-        ttft_s=ttft_s,
-        tokens_per_s=tokens_per_s,
-        output_tokens=output_tokens,
-        adapters=list(adapters),
-        startup_s=startup_s,
-        cache_tokens=cache_tokens,
-        prefill_s_per_token=prefill_s_per_token,
+    return EngineSettings(
+        models=list(params["models"]),
+        ttft_s=params["ttft_s"],
+        tokens_per_s=params["tokens_per_s"],
+        output_tokens=params["output_tokens"],
+        adapters=list(params["adapters"]),
+        startup_s=params["startup_s"],
+        cache_tokens=params["cache_tokens"],
+        prefill_s_per_token=params["prefill_s_per_token"],
         faults=faults,
     )
-    uvloop.run(serve(settings, host, port))
+
+
+def settings_from_args(args: list[str]) -> EngineSettings:
+    """The settings `gpuctl sim-engine ARGS` would serve with, for a replica run in process
+    (ValueError with click's message for arguments it refuses)."""
+    try:
+        with sim_engine.make_context("sim-engine", list(args)) as ctx:
+            return settings_from(ctx.params)
+    except click.ClickException as exc:
+        raise ValueError(exc.format_message()) from None

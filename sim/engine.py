@@ -21,6 +21,7 @@ from aiohttp import web
 
 from sim.prefix_cache import PrefixCache, prompt_text
 
+MAX_BODY = 64 * 1024 * 1024
 WORDS = ("the", "fleet", "serves", "many", "models", "on", "few", "cards", "and", "routes", "well")
 
 
@@ -65,21 +66,28 @@ class SimEngine:
         self.responses: dict[str, dict] = {}  # stored on this replica only, as vLLM does
         self.cache = PrefixCache(settings.cache_tokens)
 
+    # (method, path, handler name): served alone by `app()`, or for many engines at once under
+    # a prefix by sim/replicas.py.
+    ROUTES = (
+        ("POST", "/v1/chat/completions", "chat"),
+        ("POST", "/v1/completions", "completions"),
+        ("POST", "/v1/embeddings", "embeddings"),
+        ("POST", "/v1/audio/transcriptions", "transcribe"),
+        ("POST", "/v1/responses", "create_response"),
+        ("GET", "/v1/responses/{id}", "get_response"),
+        ("DELETE", "/v1/responses/{id}", "delete_response"),
+        ("GET", "/v1/models", "list_models"),
+        ("GET", "/health", "health"),
+        ("GET", "/metrics", "metrics"),
+        ("GET", "/sim/faults", "get_faults"),
+        ("POST", "/sim/faults", "set_faults"),
+        ("POST", "/sim/cache/clear", "clear_cache"),
+    )
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors_as_json])
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/embeddings", self.embeddings)
-        app.router.add_post("/v1/audio/transcriptions", self.transcribe)
-        app.router.add_post("/v1/responses", self.create_response)
-        app.router.add_get("/v1/responses/{id}", self.get_response)
-        app.router.add_delete("/v1/responses/{id}", self.delete_response)
-        app.router.add_get("/v1/models", self.list_models)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics)
-        app.router.add_get("/sim/faults", self.get_faults)
-        app.router.add_post("/sim/faults", self.set_faults)
-        app.router.add_post("/sim/cache/clear", self.clear_cache)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[errors_as_json])
+        for method, path, handler in self.ROUTES:
+            app.router.add_route(method, path, getattr(self, handler))
         return app
 
     async def _body(self, request: web.Request) -> dict:
@@ -432,7 +440,7 @@ class _HTTPError(Exception):
 
 
 @web.middleware
-async def _errors_as_json(request: web.Request, handler):
+async def errors_as_json(request: web.Request, handler):
     try:
         return await handler(request)
     except _HTTPError as exc:

@@ -5,10 +5,12 @@
       - {name: ib-b, nodes: 2, gpu_class: A100-80GB, gpus_per_node: 8}
     nodes:                       # optional, per node
       ib-a-0: {unhealthy_gpus: {3: "uncorrectable ECC"}, labels: {zone: a}}
+    replicas: processes          # or in_process: no process a replica (sim/replicas.py)
 
 Each node is a full agent in one process; only the GPUs are simulated, the replicas are real
-engine processes. Faults (a GPU turning unhealthy, a node going silent, a replica killed) can
-be injected while it runs, through sim/admin.py.
+engine processes (or, `in_process`, engines the agent serves itself, so that a fleet of
+thousands of replicas fits on one machine). Faults (a GPU turning unhealthy, a node going
+silent, a replica killed) can be injected while it runs, through sim/admin.py.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ DEFAULT_FLEET = {
 }
 
 
+REPLICA_MODES = ("processes", "in_process")
+
+
 class FleetFileError(ValueError):
     pass
 
@@ -43,6 +48,7 @@ class SimInventory:
     memory_mb: int
     labels: dict[str, str] = field(default_factory=dict)
     faults: dict[int, str] = field(default_factory=dict)
+    replicas: str = "processes"  # or "in_process"
 
     def describe(self) -> dict:
         return {
@@ -80,10 +86,13 @@ def parse_fleet(data, address: str = "127.0.0.1") -> list[SimInventory]:
         raise FleetFileError(
             "a fleet file needs `fabrics:`, a list of {name, nodes, gpu_class, gpus_per_node}"
         )
-    unknown = set(data) - {"fabrics", "nodes", "address"}
+    unknown = set(data) - {"fabrics", "nodes", "address", "replicas"}
     if unknown:
         raise FleetFileError(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
     address = str(data.get("address", address))
+    replicas = data.get("replicas", "processes")
+    if replicas not in REPLICA_MODES:
+        raise FleetFileError(f"replicas: one of {', '.join(REPLICA_MODES)}, got {replicas!r}")
     nodes: list[SimInventory] = []
     for i, fabric in enumerate(data["fabrics"]):
         where = f"fabrics[{i}]"
@@ -101,7 +110,7 @@ def parse_fleet(data, address: str = "127.0.0.1") -> list[SimInventory]:
         gpus = _positive(fabric, "gpus_per_node", where)
         memory = int(fabric.get("memory_mb") or MEMORY_MB.get(gpu_class, 0))
         nodes += [
-            SimInventory(f"{name}-{n}", address, name, gpu_class, gpus, memory)
+            SimInventory(f"{name}-{n}", address, name, gpu_class, gpus, memory, replicas=replicas)
             for n in range(count)
         ]
     by_name = {n.name: n for n in nodes}

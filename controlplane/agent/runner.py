@@ -28,14 +28,25 @@ async def run_agents(
     admin_listen: tuple[str, int] | None = None,
     stop_replicas_on_exit: bool = False,
     ssl=None,
+    in_process=None,
 ) -> None:
+    """`in_process`: what runs the replicas of the inventories whose `replicas` is
+    "in_process" (a simulated fleet's choice, sim/replicas.py), started and closed here."""
     session = aiohttp.ClientSession()
     client = ControlPlaneClient(session, server, token, ssl)
     ports = EnginePorts()
+    if in_process is not None:
+        await in_process.start()
+
+    def supervisor_of(inv):
+        if in_process is not None and getattr(inv, "replicas", "") == "in_process":
+            return in_process.supervisor(inv.address)
+        return Supervisor(state_dir / "nodes" / inv.name, inv.address, stop_grace_s, ports=ports)
+
     agents = {
         inv.name: NodeAgent(
             inv,
-            Supervisor(state_dir / "nodes" / inv.name, inv.address, stop_grace_s, ports=ports),
+            supervisor_of(inv),
             client,
             heartbeat_s,
             Credential(state_dir / "nodes" / inv.name / "credential"),
@@ -74,3 +85,5 @@ async def run_agents(
         await session.close()
         if admin_runner is not None:
             await admin_runner.cleanup()
+        if in_process is not None:
+            await in_process.close()
