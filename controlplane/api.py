@@ -364,7 +364,7 @@ async def get_summary(request: web.Request) -> web.Response:
     except SpecError as exc:
         raise ApiError(400, str(exc), "invalid_request", "idle_after") from None
     body = await view(
-        request, ("summary", threshold), lambda s: orjson.dumps(summary(s, threshold))
+        request, ("summary.json", threshold), lambda s: orjson.dumps(summary(s, threshold))
     )
     return web.Response(body=body, content_type=JSON)
 
