@@ -8,7 +8,6 @@ import click
 from cli.listen import parse_listen
 from cli.paths import default_state_path
 from controlplane.model import parse_duration
-from controlplane.server import serve
 from controlplane.tokens import load_tokens
 
 
@@ -66,6 +65,9 @@ def server(
 ):
     """Run the control plane: fleet state, placement, health, idle tracking, routes."""
     import uvloop
+
+    # Here, not at the top: every gpuctl command would pay for importing the server.
+    from controlplane.server import serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     host, port = parse_listen(listen)

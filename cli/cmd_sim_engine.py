@@ -1,8 +1,13 @@
 """`gpuctl sim-engine`: a fake OpenAI-compatible engine for demos, tests and benchmarks."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import click
 
-from sim.engine import EngineSettings, Faults, serve
+if TYPE_CHECKING:
+    from sim.engine import EngineSettings
 
 
 @click.command("sim-engine")
@@ -63,10 +68,15 @@ def sim_engine(
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
 
+    from sim.engine import serve
+
     uvloop.run(serve(settings_from(click.get_current_context().params), host, port))
 
 
 def settings_from(params: dict) -> EngineSettings:
+    # Imported here: every gpuctl command would pay for aiohttp, which the engine serves with.
+    from sim.engine import EngineSettings, Faults
+
     faults = Faults(
         error_rate=params["error_rate"],
         hang=params["hang"],
