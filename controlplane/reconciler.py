@@ -47,6 +47,12 @@ class RouteTable:
         self._changed = asyncio.Event()
         return True
 
+    def release_watchers(self) -> None:
+        """Answer every waiting watch now, with the table as it is: a server that is stopping
+        would otherwise wait out its drain deadline on routers' long polls."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
     def as_json(self) -> dict:
         return {"version": self.version, "routes": self.routes, "affinity": self.affinity}
 

@@ -70,6 +70,7 @@ async def serve(
     finally:
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
+        reconciler.routes.release_watchers()
         await runner.cleanup()
         fleet.flush_activity()  # what routers reported since the last tick is kept too
         store.close()

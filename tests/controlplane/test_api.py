@@ -1,6 +1,8 @@
 """`gpuctl server` as a real process: what it accepts, what it refuses, what survives kill -9."""
 
 import signal
+import threading
+import time
 import urllib.request
 
 import pytest
@@ -219,3 +221,22 @@ def test_lists_page_with_limit_and_continue_and_refuse_a_bad_page(server):
         status, answer = call("GET", url + "/v1/replicas" + query, token=TOKENS["viewer"])
         assert status == 400 and answer["error"]["param"] == field, answer
     assert call("GET", url + "/v1/nodes", token=TOKENS["viewer"])[1] == whole
+
+
+def test_a_stopping_server_answers_the_routers_waiting_watches_at_once(server):
+    url, proc, _ = server
+    current = call("GET", url + "/v1/routes", token=TOKENS["router"])[1]["version"]
+    answers = []
+
+    def watch():
+        target = f"{url}/v1/routes?after={current}&wait=60"
+        answers.append(call("GET", target, token=TOKENS["router"], timeout=30))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    time.sleep(0.5)  # the watch is waiting on the server
+    proc.send_signal(signal.SIGTERM)
+    watcher.join(timeout=30)
+    # Cut after the drain deadline instead, the watch would end in a connection error.
+    assert answers and answers[0][0] == 200 and answers[0][1]["version"] == current
+    assert proc.wait(timeout=10) == 0
