@@ -1,0 +1,192 @@
+"""A whole simulated fleet of real processes, read by operators while its nodes heartbeat.
+
+One `gpuctl server`, one `gpuctl agent --simulate` for every node (replicas in process, so
+10,000 of them fit on one machine), one `gpurouter` that watches and reports on every replica.
+Once all nodes are Ready and all replicas serve, `reads()` runs `gpuctl status` back to back,
+as an operator with `--watch` or a dashboard would, and counts the heartbeats that failed
+meanwhile. Full size (16,000 nodes, 10,000 replicas):
+
+    .venv/bin/python -m bench.fleet_scale 16000 2000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tests.harness import BIN, Processes, call, control_plane, free_port, wait_until
+
+FABRIC_NODES = 1000  # nodes a fabric, as in a large training cluster's pods
+GPUS_PER_NODE = 8
+REPLICAS_PER_NODE = 0.625  # 10,000 replicas on 16,000 nodes
+REPLICAS_PER_MODEL = 10
+HEARTBEAT_S = 10.0  # as a kubelet renews its lease
+NODE_TIMEOUT_S = 40.0  # as Kubernetes' node-monitor-grace-period
+STATUS_CALLS = 20
+SIM = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
+
+
+@dataclass
+class Figures:
+    nodes: int
+    replicas: int
+    status_s: list[float]  # gpuctl status, end to end, each call
+    first_page_s: float  # GET /v1/nodes?limit=500, the first page of `gpuctl nodes`
+    nodes_command_s: float  # gpuctl nodes -o json, every page
+    heartbeats_lost: int  # heartbeats that failed while status ran
+    not_ready: int  # nodes NotReady after the reads
+    stop_s: float  # SIGTERM to exit, under that load
+
+    @property
+    def status_median_s(self) -> float:
+        return statistics.median(self.status_s)
+
+    def line(self) -> str:
+        return (
+            f"{self.nodes:,} nodes / {self.replicas:,} replicas: gpuctl status"
+            f" {1000 * self.status_median_s:.0f} ms median (max {1000 * max(self.status_s):.0f}),"
+            f" nodes first page {1000 * self.first_page_s:.0f} ms, gpuctl nodes -o json"
+            f" {1000 * self.nodes_command_s:.0f} ms; heartbeats lost {self.heartbeats_lost},"
+            f" NotReady {self.not_ready}; SIGTERM to exit {self.stop_s:.1f} s"
+        )
+
+
+def fleet_file(nodes: int) -> dict:
+    fabrics, rest = divmod(nodes, FABRIC_NODES)
+    sizes = [FABRIC_NODES] * fabrics + ([rest] if rest else [])
+    return {
+        "fabrics": [
+            {"name": f"f{i}", "nodes": n, "gpu_class": "H100-80GB", "gpus_per_node": GPUS_PER_NODE}
+            for i, n in enumerate(sizes)
+        ],
+        "replicas": "in_process",
+    }
+
+
+def heartbeat_failures(agent: subprocess.Popen) -> int:
+    return Path(agent.log_path).read_text(errors="replace").count("heartbeat failed")
+
+
+def gpuctl(url: str, *args: str) -> tuple[float, str]:
+    started = time.perf_counter()
+    done = subprocess.run(
+        [str(BIN / "gpuctl"), "--server", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr
+    return elapsed, done.stdout
+
+
+def run(nodes: int, work: Path, procs: Processes) -> Figures:
+    replicas = int(nodes * REPLICAS_PER_NODE) // REPLICAS_PER_MODEL * REPLICAS_PER_MODEL
+    url, server = control_plane(
+        procs,
+        work / "state.sqlite",
+        None,
+        "--node-timeout",
+        str(NODE_TIMEOUT_S),
+        "--tick",
+        "1",
+    )
+    (work / "fleet.yaml").write_text(yaml.safe_dump(fleet_file(nodes)))
+    agent = procs.start(
+        [
+            "gpuctl", "agent", "--server", url, "--simulate", str(work / "fleet.yaml"),
+            "--state-dir", str(work / "agent"), "--heartbeat", str(HEARTBEAT_S),
+        ],
+        name="agent",
+    )  # fmt: skip
+
+    def summary() -> dict:
+        return call("GET", url + "/v1/summary")[1]
+
+    wait_until(lambda: summary()["nodes"]["ready"] == nodes, timeout=30 + nodes / 100, what="nodes")
+    for k in range(replicas // REPLICAS_PER_MODEL):
+        model = {
+            "name": f"model-{k:04d}",
+            "gpu_class": "H100-80GB",
+            "command": SIM,
+            "replicas": REPLICAS_PER_MODEL,
+        }
+        assert call("POST", url + "/v1/models", model)[0] == 201
+    wait_until(
+        lambda: summary()["replicas"]["by_state"].get("Ready") == replicas,
+        timeout=60 + 4 * HEARTBEAT_S,
+        what="every replica Ready",
+    )
+    router_port = free_port()
+    procs.start(
+        [
+            "gpurouter", "--listen", f"127.0.0.1:{router_port}", "--control-plane", url,
+            "--tick", "2",
+        ],
+        router_port,
+        name="router",
+    )  # fmt: skip
+    wait_until(
+        lambda: (s := summary())["routers"]["live"] == 1 and s["idle"]["unknown"] == 0,
+        timeout=60,
+        what="the router to report on every replica",
+    )
+    before = heartbeat_failures(agent)
+    status_s = []
+    for _ in range(STATUS_CALLS):
+        elapsed, out = gpuctl(url, "status", "-o", "json")
+        assert json.loads(out)["nodes"]["total"] == nodes
+        status_s.append(elapsed)
+    started = time.perf_counter()
+    status, first = call("GET", url + "/v1/nodes?limit=500")
+    first_page_s = time.perf_counter() - started
+    assert status == 200 and len(first["items"]) == min(500, nodes)
+    nodes_command_s, out = gpuctl(url, "nodes", "-o", "json")
+    assert len(json.loads(out)["items"]) == nodes
+    # A beat in flight when the reads end is not lost yet: wait for one more round.
+    time.sleep(HEARTBEAT_S)
+    lost = heartbeat_failures(agent) - before
+    not_ready = summary()["nodes"]["not_ready"]
+    stopping = time.perf_counter()
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=30)
+    stop_s = time.perf_counter() - stopping
+    return Figures(
+        nodes, replicas, status_s, first_page_s, nodes_command_s, lost, not_ready, stop_s
+    )
+
+
+def measure(nodes: int) -> Figures:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        procs = Processes(work)
+        try:
+            return run(nodes, work, procs)
+        finally:
+            procs.stop_all()
+
+
+def growth(small: Figures, large: Figures) -> float:
+    """How much faster than the fleet a status call grew: 1.0 is linear."""
+    return (large.status_median_s / small.status_median_s) / (large.nodes / small.nodes)
+
+
+if __name__ == "__main__":
+    large_n, small_n = (int(a) for a in sys.argv[1:3])
+    small, large = measure(small_n), measure(large_n)
+    print(small.line())
+    print(large.line())
+    print(f"status growth against linear: {growth(small, large):.2f}")
+    print(re.sub(r"\s+", " ", json.dumps([small.__dict__, large.__dict__])))
