@@ -98,9 +98,12 @@ class Reconciler:
             placer = Placer(
                 list(fleet.nodes.values()), fleet.held_gpus() | fleet.reserved_gpus().keys()
             )
+            draining = {
+                n.name for n in fleet.nodes.values() if n.schedulable == Schedulable.DRAINING
+            }
             for spec in list(fleet.specs.values()):
                 self._scale_down_idle(spec)
-                self._reconcile_model(spec, placer, wanted)
+                self._reconcile_model(spec, placer, wanted, draining)
             self._make_room(asking)
             self._stop_orphans()
             self._stop_retired()
@@ -145,10 +148,11 @@ class Reconciler:
             ):
                 fleet.remove_replica(replica.id)
 
-    def _reconcile_model(self, spec, placer: Placer, wanted: dict[str, int]) -> None:
+    def _reconcile_model(
+        self, spec, placer: Placer, wanted: dict[str, int], draining: set[str]
+    ) -> None:
         fleet = self.fleet
-        mine = [r for r in fleet.replicas.values() if r.model == spec.name and r.state in LIVE]
-        draining = {n.name for n in fleet.nodes.values() if n.schedulable == Schedulable.DRAINING}
+        mine = [r for r in fleet.replicas_of(spec.name) if r.state in LIVE]
         # A replica on a failed GPU (Degraded) is replaced like one on a draining node, but is
         # stopped only once its replacement is Ready: it may still be serving meanwhile.
         degraded = {r.id for r in mine if gpu_faults(r, fleet.nodes)}
@@ -220,7 +224,7 @@ class Reconciler:
             if kept.gpus() & held:
                 continue  # a victim is still stopping
             del fleet.reservations[model]
-            placed = sum(1 for r in fleet.replicas.values() if r.model == model and r.state in LIVE)
+            placed = sum(1 for r in fleet.replicas_of(model) if r.state in LIVE)
             if placed >= fleet.desired(spec):
                 continue  # it found room elsewhere meanwhile
             replica = fleet.add_replica(model, kept.placement)
@@ -249,7 +253,7 @@ class Reconciler:
             if not spec.autoscaled:
                 fleet.autoscale.pop(spec.name, None)
                 continue
-            mine = [r for r in fleet.replicas.values() if r.model == spec.name]
+            mine = fleet.replicas_of(spec.name)
             in_flight = sum(live_in_flight.get(r.id, 0) for r in mine)
             waiting = wanted.get(spec.name, 0)
             current = fleet.desired(spec)
@@ -313,7 +317,7 @@ class Reconciler:
         short = []
         for model in wanted:
             spec = fleet.specs[model]
-            placed = sum(1 for r in fleet.replicas.values() if r.model == model and r.state in LIVE)
+            placed = sum(1 for r in fleet.replicas_of(model) if r.state in LIVE)
             if placed < fleet.desired(spec) and model not in fleet.reservations:
                 fleet.demand_since.setdefault(model, now)
                 short.append(spec)
@@ -395,11 +399,7 @@ class Reconciler:
         woke = fleet.woken_at.get(spec.name)
         if may_stop <= 0 or (woke and fleet.wall() - woke < spec.scale_to_zero_after_s):
             return
-        ready = [
-            r
-            for r in fleet.replicas.values()
-            if r.model == spec.name and r.state == ReplicaState.READY
-        ]
+        ready = [r for r in fleet.replicas_of(spec.name) if r.state == ReplicaState.READY]
         idle = fleet.idle.idle_map([r.id for r in ready])
         plan = plan_idle_stops(ready, idle, spec.scale_to_zero_after_s, may_stop, {})
         for replica in plan.stop:

@@ -135,8 +135,11 @@ def model_state(
 
 def model_rows(snap: FleetSnapshot) -> list[dict]:
     rows = []
+    by_model: dict[str, list] = defaultdict(list)
+    for replica in snap.replicas:
+        by_model[replica.model].append(replica)
     for spec in sorted(snap.specs, key=lambda s: s.name):
-        mine = [r for r in snap.replicas if r.model == spec.name]
+        mine = by_model.get(spec.name, [])
         states = Counter(str(r.state) for r in mine)
         ready = states.get(str(ReplicaState.READY), 0)
         reason = snap.reasons.get(spec.name, "")
