@@ -61,6 +61,12 @@ class Router:
     # not reported yet (its first report can come before its routing table).
     inherited: dict[str, float] = field(default_factory=dict)
 
+    def may_route_to(self, replica: str) -> bool:
+        """Whether, silent, it may be routing to `replica` unseen: it was in its last watch, or
+        in the watch it inherited, or its last report came before any table (routes that came
+        after may hold anything)."""
+        return replica in self.watch_origin or replica in self.inherited or not self.watch_origin
+
     def state(self, now: float, live_window_s: float) -> RouterState:
         if self.goodbye:
             return RouterState.GONE
@@ -321,7 +327,7 @@ class IdleTracker:
             state = router.state(now, self.live_window_s)
             if state is RouterState.GONE:
                 continue
-            if state is RouterState.SILENT and replica in router.watch_origin:
+            if state is RouterState.SILENT and router.may_route_to(replica):
                 return f"silent router {router.id} may still route to it"
             if replica in router.watch_origin:
                 return f"router {router.id} has not dropped its route yet"
@@ -354,9 +360,9 @@ class IdleTracker:
         """replica -> a silent router that has it in its table."""
         silent = self.silent_routers(now)
         return {
-            r: next(s.id for s in silent if r in s.watch_origin)
+            r: next(s.id for s in silent if s.may_route_to(r))
             for r in replicas
-            if any(r in s.watch_origin for s in silent)
+            if any(s.may_route_to(r) for s in silent)
         }
 
     def forget_replica(self, replica: str) -> None:
@@ -380,7 +386,7 @@ class IdleTracker:
         """(seconds, IdleState) of one replica; pass `live` and `silent` when asking for many."""
         live = self.live_routers() if live is None else live
         silent = self.silent_routers() if silent is None else silent
-        if any(replica in r.watch_origin for r in silent):
+        if any(r.may_route_to(replica) for r in silent):
             return UNKNOWN_SECONDS, IdleState.UNKNOWN
         watching = [r for r in live if replica in r.watch_origin]
         if not watching:
@@ -405,4 +411,4 @@ class IdleTracker:
 
     def unknown_because_silent(self, replicas, now: float | None = None) -> set[str]:
         silent = self.silent_routers(now)
-        return {r for r in replicas if any(r in s.watch_origin for s in silent)}
+        return {r for r in replicas if any(s.may_route_to(r) for s in silent)}

@@ -72,6 +72,19 @@ steps = st.lists(
         ("report", "r2", "a", 1.0),
     ]
 )
+# And: one that restarted after its goodbye, reported before its routes came, got them, used a
+# replica and fell silent: its last report watched nothing, yet it may have been routing.
+@example(
+    [
+        ("goodbye", "r1", "a", 1.0),
+        ("restart", "r1", "a", 1.0),
+        ("report", "r1", "a", 1.0),
+        ("routes", "r1", "a", 1.0),
+        ("advance", "r1", "a", 10.0),
+        ("use", "r1", "a", 1.0),
+        ("report", "r2", "a", 1.0),
+    ]
+)
 def test_no_bound_exceeds_the_truth(ops):
     clock = Clock()
     idle = IdleTracker(clock=clock, live_window_s=LEASE)
