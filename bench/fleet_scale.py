@@ -168,9 +168,11 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
     )
 
 
-def measure(nodes: int) -> Figures:
+def measure(nodes: int, keep: Path | None = None) -> Figures:
+    """`keep`: a folder to run in and leave, logs and state, for a look afterwards."""
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         procs = Processes(work)
         try:
             return run(nodes, work, procs)
@@ -185,7 +187,9 @@ def growth(small: Figures, large: Figures) -> float:
 
 if __name__ == "__main__":
     large_n, small_n = (int(a) for a in sys.argv[1:3])
-    small, large = measure(small_n), measure(large_n)
+    keep = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    small = measure(small_n, keep and keep / str(small_n))
+    large = measure(large_n, keep and keep / str(large_n))
     print(small.line())
     print(large.line())
     print(f"status growth against linear: {growth(small, large):.2f}")
