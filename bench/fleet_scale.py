@@ -113,7 +113,8 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
     )  # fmt: skip
 
     def summary() -> dict:
-        return call("GET", url + "/v1/summary")[1]
+        time.sleep(0.5)  # polled, not hammered: the reads measured are gpuctl's below
+        return call("GET", url + "/v1/summary", timeout=30)[1]
 
     wait_until(lambda: summary()["nodes"]["ready"] == nodes, timeout=30 + nodes / 100, what="nodes")
     for k in range(replicas // REPLICAS_PER_MODEL):
@@ -123,7 +124,7 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
             "command": SIM,
             "replicas": REPLICAS_PER_MODEL,
         }
-        assert call("POST", url + "/v1/models", model)[0] == 201
+        assert call("POST", url + "/v1/models", model, timeout=30)[0] == 201
     wait_until(
         lambda: summary()["replicas"]["by_state"].get("Ready") == replicas,
         timeout=60 + 4 * HEARTBEAT_S,

@@ -126,8 +126,10 @@ class Reconciler:
                 fleet.changed = True
             if node.ready:
                 continue
-            for replica in list(fleet.replicas.values()):
-                if node.name not in replica.nodes:
+            # Its own replicas only: a rack gone NotReady must not cost (nodes x replicas).
+            for replica_id in list(fleet.on_node.get(node.name, ())):
+                replica = fleet.replicas.get(replica_id)
+                if replica is None:
                     continue
                 if replica.state in (ReplicaState.STOPPING, ReplicaState.RETIRING):
                     fleet.remove_replica(replica.id)
