@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controlplane.auth import new_credential
 from controlplane.autoscale import Window
@@ -311,11 +311,16 @@ class Fleet:
         with self.store.batch():
             changed_node = False
             if gpus is not None:
-                for gpu in node.gpus:
-                    healthy, reason = health.get(gpu.index, (gpu.healthy, gpu.reason))
-                    if (healthy, reason) != (gpu.healthy, gpu.reason):
-                        gpu.healthy, gpu.reason = healthy, reason
-                        changed_node = True
+                # A new list of new GPUs, never a change in place: snapshots share the old one.
+                fresh = [
+                    gpu
+                    if health.get(gpu.index, (gpu.healthy, gpu.reason)) == (gpu.healthy, gpu.reason)
+                    else replace(gpu, healthy=health[gpu.index][0], reason=health[gpu.index][1])
+                    for gpu in node.gpus
+                ]
+                if any(a is not b for a, b in zip(fresh, node.gpus, strict=True)):
+                    node.gpus = fresh
+                    changed_node = True
             if not node.ready:
                 node.ready = True
                 changed_node = True

@@ -100,11 +100,14 @@ class Node:
         }
 
     def copy(self) -> Node:
+        """A copy that shares the GPU list: the fleet never changes one in place (a heartbeat
+        that changes a GPU's health gives the node a new list), so a snapshot of 16,000 nodes
+        copies 16,000 objects, not 144,000."""
         return Node(
             self.name,
             self.address,
             self.fabric,
-            [gpu.copy() for gpu in self.gpus],
+            self.gpus,
             dict(self.labels),
             self.schedulable,
             self.ready,

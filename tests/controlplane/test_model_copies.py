@@ -38,11 +38,11 @@ replicas = st.builds(
 
 
 @given(nodes)
-def test_a_node_copy_is_equal_and_shares_nothing_mutable(node):
+def test_a_node_copy_is_equal_and_shares_only_its_gpu_list(node):
     copy = node.copy()
     assert copy == node and copy is not node
-    assert all(a is not b for a, b in zip(copy.gpus, node.gpus, strict=True))
-    assert copy.gpus is not node.gpus and copy.labels is not node.labels
+    assert copy.gpus is node.gpus, "shared: GPU lists are replaced, never changed in place"
+    assert copy.labels is not node.labels
 
 
 @given(nodes)
@@ -77,3 +77,18 @@ def test_a_spec_copy_shares_no_list_or_map():
     copy.env_from["B"]["file"] = "/y"
     assert spec.command == ["vllm", "{port}"] and spec.env == {"A": "1"}
     assert spec.env_from == {"B": {"file": "/x"}}
+
+
+def test_a_gpu_turning_unhealthy_leaves_an_earlier_snapshot_as_it_was(make_fleet):
+    from tests.controlplane.conftest import make_node
+
+    fleet, _ = make_fleet()
+    fleet.register(make_node("n1", gpus=2))
+    before = fleet.snapshot()
+    fleet.heartbeat("n1", {"gpus": [{"index": 1, "healthy": False, "reason": "XID 79"}]})
+    after = fleet.snapshot()
+    assert [g.healthy for g in before.nodes[0].gpus] == [True, True]
+    assert [(g.healthy, g.reason) for g in after.nodes[0].gpus] == [(True, ""), (False, "XID 79")]
+    unchanged = fleet.nodes["n1"].gpus
+    fleet.heartbeat("n1", {"gpus": [{"index": 1, "healthy": False, "reason": "XID 79"}]})
+    assert fleet.nodes["n1"].gpus is unchanged, "no change, no new list"
