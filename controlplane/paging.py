@@ -51,17 +51,24 @@ def parse_limit(text: str | None) -> int | None:
     return limit
 
 
+def bounds(rows: list, sort_key: Callable, limit: str | None, token: str | None):
+    """(start, end, metadata) of the page of `rows` (sorted by `sort_key`) that `limit` and
+    `token` ask for; metadata holds `continue` and `remaining` when more follow."""
+    size = parse_limit(limit)
+    start = bisect_right(rows, key_of(token), key=sort_key) if token else 0
+    end = len(rows) if size is None else min(len(rows), start + size)
+    if end == len(rows):
+        return start, end, {}
+    return (
+        start,
+        end,
+        {"continue": token_after(sort_key(rows[end - 1])), "remaining": len(rows) - end},
+    )
+
+
 def page(
     rows: list[dict], sort_key: Callable[[dict], tuple], limit: str | None, token: str | None
 ) -> tuple[list[dict], dict]:
-    """(the rows of this page, the list's metadata: `continue` and `remaining` when more
-    follow). `rows` must be sorted by `sort_key`."""
-    size = parse_limit(limit)
-    start = bisect_right(rows, key_of(token), key=sort_key) if token else 0
-    if size is None:
-        return rows[start:], {}
-    chosen = rows[start : start + size]
-    remaining = len(rows) - start - len(chosen)
-    if not remaining:
-        return chosen, {}
-    return chosen, {"continue": token_after(sort_key(chosen[-1])), "remaining": remaining}
+    """(the rows of this page, the list's metadata). `rows` must be sorted by `sort_key`."""
+    start, end, metadata = bounds(rows, sort_key, limit, token)
+    return rows[start:end], metadata

@@ -22,6 +22,19 @@ log = logging.getLogger("gpufleet.server")
 # several times a snapshot, which doubled a 16,000-node summary. Collected less often, the
 # same cycles are still found.
 GC_THRESHOLDS = (50_000, 20, 100)
+SLOW_TICK_S = 1.0
+LOOP_CHECK_S = 0.5
+LOOP_LATE_S = 1.0  # later than this and heartbeats are waiting: the log says so
+
+
+async def watch_loop_lag() -> None:
+    """Log when the event loop was held: everything else (heartbeats first) waited that long."""
+    while True:
+        due = time.perf_counter() + LOOP_CHECK_S
+        await asyncio.sleep(LOOP_CHECK_S)
+        late = time.perf_counter() - due
+        if late > LOOP_LATE_S:
+            log.warning("the event loop was held for %.1f s", late)
 
 
 async def serve(
@@ -65,11 +78,13 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     ticker = asyncio.create_task(tick_loop(reconciler, wake, tick_s, app[STATS_KEY]))
+    lag = asyncio.create_task(watch_loop_lag())
     try:
         await stop.wait()
     finally:
         ticker.cancel()
-        await asyncio.gather(ticker, return_exceptions=True)
+        lag.cancel()
+        await asyncio.gather(ticker, lag, return_exceptions=True)
         reconciler.routes.release_watchers()
         await runner.cleanup()
         fleet.flush_activity()  # what routers reported since the last tick is kept too
@@ -97,3 +112,5 @@ async def tick_loop(reconciler: Reconciler, wake: asyncio.Event, tick_s: float, 
         stats["ticks"] += 1
         reconciler.fleet.idle.forget_gone()
         took = time.perf_counter() - started
+        if took > SLOW_TICK_S:
+            log.warning("reconcile tick took %.1f s", took)

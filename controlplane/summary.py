@@ -38,11 +38,13 @@ def node_status(node) -> str:
     return status
 
 
-def node_rows(snap: FleetSnapshot) -> list[dict]:
+def node_rows(snap: FleetSnapshot, nodes=None) -> list[dict]:
+    """The rows of `nodes` (all of the snapshot's, sorted by name, when None): a page of a
+    large fleet is built without the rest of it."""
     held = _held(snap)
     replicas_on = Counter(node for r in snap.replicas if r.state in HOLDING for node in r.nodes)
     rows = []
-    for node in sorted(snap.nodes, key=lambda n: n.name):
+    for node in sorted(snap.nodes, key=lambda n: n.name) if nodes is None else nodes:
         by_class: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAPACITY_KEYS, 0))
         for gpu in node.gpus:
             counts = by_class[gpu.gpu_class]
