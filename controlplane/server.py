@@ -13,6 +13,7 @@ from aiohttp import web
 from controlplane.api import STATS_KEY, build_app
 from controlplane.fleet import Fleet
 from controlplane.idle import IdleTracker
+from controlplane.looplag import watch_loop_lag
 from controlplane.reconciler import Reconciler
 from controlplane.store import SqliteStore
 
@@ -23,18 +24,6 @@ log = logging.getLogger("gpufleet.server")
 # same cycles are still found.
 GC_THRESHOLDS = (50_000, 20, 100)
 SLOW_TICK_S = 1.0
-LOOP_CHECK_S = 0.5
-LOOP_LATE_S = 1.0  # later than this and heartbeats are waiting: the log says so
-
-
-async def watch_loop_lag() -> None:
-    """Log when the event loop was held: everything else (heartbeats first) waited that long."""
-    while True:
-        due = time.perf_counter() + LOOP_CHECK_S
-        await asyncio.sleep(LOOP_CHECK_S)
-        late = time.perf_counter() - due
-        if late > LOOP_LATE_S:
-            log.warning("the event loop was held for %.1f s", late)
 
 
 async def serve(
@@ -78,7 +67,7 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     ticker = asyncio.create_task(tick_loop(reconciler, wake, tick_s, app[STATS_KEY]))
-    lag = asyncio.create_task(watch_loop_lag())
+    lag = asyncio.create_task(watch_loop_lag(log))
     try:
         await stop.wait()
     finally:
