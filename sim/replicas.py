@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from controlplane.agent.supervisor import expand
+from controlplane.agent.supervisor import Reconciles, expand
 from sim.engine import MAX_BODY, EngineSettings, SimEngine, errors_as_json
 
 log = logging.getLogger("gpufleet.agent")
@@ -88,7 +88,7 @@ class InProcess:
     exit_code: int | None = None
 
 
-class InProcessSupervisor:
+class InProcessSupervisor(Reconciles):
     """A Supervisor's part for one simulated node whose replicas run in the agent itself."""
 
     def __init__(
@@ -105,19 +105,6 @@ class InProcessSupervisor:
         self.running: dict[str, InProcess] = {}
         self.stopping: dict[str, InProcess] = {}
         self.failed: dict[str, InProcess] = {}
-
-    def reconcile(self, assignments: list[dict]) -> None:
-        wanted = {a["replica"]: a for a in assignments}
-        for replica in list(self.running):
-            if replica not in wanted:
-                self.stop(replica)
-        for replica, assignment in wanted.items():
-            if replica not in self.running and replica not in self.failed:
-                if replica not in self.stopping:
-                    self.start(assignment)
-        for replica in list(self.failed):
-            if replica not in wanted:
-                del self.failed[replica]
 
     def start(self, a: dict) -> None:
         record = InProcess(a["replica"], a["model"], a["rank"], time.time(), None)

@@ -137,7 +137,33 @@ def same_program(running: list[str] | None, argv: list[str]) -> bool:
     return running is not None and running[-len(argv) :] == argv
 
 
-class Supervisor:
+class Reconciles:
+    """What every supervisor does with its node's assignments, however it runs replicas: it
+    keeps `running`, `stopping` and `failed` by replica id, and can `start` and `stop` one."""
+
+    running: dict
+    stopping: dict
+    failed: dict
+
+    def reconcile(self, assignments: list[dict]) -> None:
+        """Start what is assigned and not running; stop what runs and is not assigned."""
+        wanted = {a["replica"]: a for a in assignments}
+        for replica in list(self.running):
+            if replica not in wanted:
+                self.stop(replica)
+        for replica, assignment in wanted.items():
+            if (
+                replica not in self.running
+                and replica not in self.failed
+                and replica not in self.stopping
+            ):
+                self.start(assignment)
+        for replica in list(self.failed):
+            if replica not in wanted:
+                del self.failed[replica]
+
+
+class Supervisor(Reconciles):
     def __init__(
         self,
         state_dir: Path,
@@ -190,23 +216,6 @@ class Supervisor:
                 path.unlink(missing_ok=True)
 
     # the loop
-
-    def reconcile(self, assignments: list[dict]) -> None:
-        """Start what is assigned and not running; stop what runs and is not assigned."""
-        wanted = {a["replica"]: a for a in assignments}
-        for replica in list(self.running):
-            if replica not in wanted:
-                self.stop(replica)
-        for replica, assignment in wanted.items():
-            if (
-                replica not in self.running
-                and replica not in self.failed
-                and replica not in self.stopping
-            ):
-                self.start(assignment)
-        for replica in list(self.failed):
-            if replica not in wanted:
-                del self.failed[replica]
 
     def start(self, a: dict) -> None:
         try:
