@@ -24,6 +24,7 @@ log = logging.getLogger("gpufleet.server")
 # same cycles are still found.
 GC_THRESHOLDS = (50_000, 20, 100)
 SLOW_TICK_S = 1.0
+PACED_TICK_S = 0.05  # a shorter tick (a small fleet's) runs again as soon as it is woken
 
 
 async def serve(
@@ -83,10 +84,11 @@ async def serve(
 async def tick_loop(reconciler: Reconciler, wake: asyncio.Event, tick_s: float, stats) -> None:
     took = 0.0
     while True:
-        # A tick runs on the loop: after one that took T, the loop is left to heartbeats and
-        # reads for T before changes may wake the next, so that a burst of changes (a thousand
-        # models applied at once on a large fleet) never holds the loop for more than half.
-        if took:
+        # A tick runs on the loop: after a long one that took T, the loop is left to heartbeats
+        # and reads for T before changes may wake the next, so that a burst of changes (a
+        # thousand models applied at once on a large fleet) never holds the loop for more than
+        # half.
+        if took > PACED_TICK_S:
             await asyncio.sleep(min(took, tick_s))
         try:
             await asyncio.wait_for(wake.wait(), max(0.0, tick_s - took))

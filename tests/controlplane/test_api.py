@@ -93,8 +93,12 @@ def test_agent_flow_routes_and_activity(server):
     n1 = registered["credential"]  # the node's own, for its heartbeats from here on
     call("POST", url + "/v1/models", spec(), token=TOKENS["admin"])
     version = call("GET", url + "/v1/routes", token=TOKENS["router"])[1]["version"]
-    status, answer = call("POST", url + "/v1/nodes/n1/heartbeat", {"replicas": {}}, token=n1)
-    (assignment,) = answer["assignments"]
+    (assignment,) = wait_until(
+        lambda: call("POST", url + "/v1/nodes/n1/heartbeat", {"replicas": {}}, token=n1)[1][
+            "assignments"
+        ],
+        what="the assignment, once the reconciler placed the replica",
+    )
     assert assignment["command"][:2] == ["gpuctl", "sim-engine"] and assignment["gpus"] == [0]
     call(
         "POST",
@@ -139,8 +143,13 @@ def test_nothing_accepted_is_lost_to_kill_9(procs, tmp_path):
     for i in range(5):
         assert call("POST", url + "/v1/models", spec(name=f"m{i}"), token="one-token")[0] == 201
     call("POST", url + "/v1/nodes/n1/cordon", token="one-token")
-    replicas = call("GET", url + "/v1/replicas", token="one-token")[1]["items"]
-    assert len(replicas) == 5
+    # Placement is the reconciler's, a moment after each apply.
+    replicas = wait_until(
+        lambda: (
+            len(r := call("GET", url + "/v1/replicas", token="one-token")[1]["items"]) == 5 and r
+        ),
+        what="a replica of each model",
+    )
     procs.terminate(proc, signal.SIGKILL)
     url, _ = control_plane(procs, state, tokens)
     assert [m["name"] for m in call("GET", url + "/v1/models", token="one-token")[1]["items"]] == [
