@@ -38,10 +38,12 @@ def gpu_faults(replica, nodes: dict) -> list[str]:
         node = nodes.get(piece.node)
         if node is None:
             continue
-        by_index = {gpu.index: gpu for gpu in node.gpus}
+        sick = {gpu.index: gpu for gpu in node.gpus if not gpu.healthy}
+        if not sick:
+            continue
         for index in piece.gpus:
-            gpu = by_index.get(index)
-            if gpu is not None and not gpu.healthy:
+            gpu = sick.get(index)
+            if gpu is not None:
                 faults.append(f"GPU {index} on {piece.node} unhealthy: {gpu.reason or 'no reason'}")
     return faults
 

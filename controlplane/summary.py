@@ -19,14 +19,37 @@ CAPACITY_KEYS = ("used", "free", "unavailable", "unhealthy", "total")
 ROUTER_STATES = ("live", "silent", "gone")
 
 
-def _held(snap: FleetSnapshot) -> dict[tuple[str, int], str]:
-    return {
-        (piece.node, index): r.id
-        for r in snap.replicas
-        if r.state in HOLDING
-        for piece in r.placement
-        for index in piece.gpus
-    }
+def _held(snap: FleetSnapshot) -> dict[str, set[int]]:
+    """The GPU indexes held on each node."""
+    held: dict[str, set[int]] = defaultdict(set)
+    for r in snap.replicas:
+        if r.state in HOLDING:
+            for piece in r.placement:
+                held[piece.node].update(piece.gpus)
+    return held
+
+
+NO_GPUS: frozenset[int] = frozenset()
+USED, FREE, UNAVAILABLE, UNHEALTHY, TOTAL = range(len(CAPACITY_KEYS))
+
+
+def node_capacity(node, held: set[int] | frozenset[int]) -> dict[str, list[int]]:
+    """`node`'s GPUs per class, counted as CAPACITY_KEYS, with `held` the indexes held on it.
+    This is the one place a card is classified, for the rows and for the summary alike."""
+    by_class: dict[str, list[int]] = {}
+    spare = FREE if eligible(node) else UNAVAILABLE
+    for gpu in node.gpus:
+        counts = by_class.get(gpu.gpu_class)
+        if counts is None:
+            counts = by_class[gpu.gpu_class] = [0, 0, 0, 0, 0]
+        counts[TOTAL] += 1
+        if not gpu.healthy:
+            counts[UNHEALTHY] += 1
+        elif gpu.index in held:
+            counts[USED] += 1
+        else:
+            counts[spare] += 1
+    return by_class
 
 
 def node_status(node) -> str:
@@ -45,19 +68,8 @@ def node_rows(snap: FleetSnapshot, nodes=None) -> list[dict]:
     replicas_on = Counter(node for r in snap.replicas if r.state in HOLDING for node in r.nodes)
     rows = []
     for node in sorted(snap.nodes, key=lambda n: n.name) if nodes is None else nodes:
-        by_class: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAPACITY_KEYS, 0))
-        for gpu in node.gpus:
-            counts = by_class[gpu.gpu_class]
-            counts["total"] += 1
-            if not gpu.healthy:
-                counts["unhealthy"] += 1
-            elif (node.name, gpu.index) in held:
-                counts["used"] += 1
-            elif eligible(node):
-                counts["free"] += 1
-            else:
-                counts["unavailable"] += 1
-        totals = {key: sum(c[key] for c in by_class.values()) for key in CAPACITY_KEYS}
+        by_class = node_capacity(node, held.get(node.name, NO_GPUS))
+        totals = [sum(tally[key] for tally in by_class.values()) for key in range(TOTAL + 1)]
         rows.append(
             {
                 "name": node.name,
@@ -67,11 +79,11 @@ def node_rows(snap: FleetSnapshot, nodes=None) -> list[dict]:
                 "fabric": node.fabric,
                 "address": node.address,
                 "gpu_classes": sorted(by_class),
-                "gpus": totals,
-                "gpus_by_class": {k: dict(v) for k, v in sorted(by_class.items())},
-                "whole_free": eligible(node)
-                and bool(node.gpus)
-                and totals["free"] == totals["total"],
+                "gpus": dict(zip(CAPACITY_KEYS, totals, strict=True)),
+                "gpus_by_class": {
+                    k: dict(zip(CAPACITY_KEYS, v, strict=True)) for k, v in sorted(by_class.items())
+                },
+                "whole_free": eligible(node) and bool(node.gpus) and totals[FREE] == totals[TOTAL],
                 "replicas": replicas_on[node.name],
                 "unhealthy_gpus": [
                     {"index": g.index, "reason": g.reason} for g in node.gpus if not g.healthy
@@ -85,33 +97,41 @@ DEGRADED = "Degraded"  # shown for a replica that holds a failed GPU
 HOLDING_ROWS = {str(s) for s in HOLDING} | {DEGRADED}
 
 
+def shown_state(replica, nodes: dict) -> tuple[str, list[str]]:
+    """The state a replica's row shows, and the faults of the GPUs it holds."""
+    faults = gpu_faults(replica, nodes) if replica.state in HOLDING else []
+    if faults and replica.state != ReplicaState.STOPPING:
+        return DEGRADED, faults
+    return str(replica.state), faults
+
+
+def replica_row(snap: FleetSnapshot, replica, nodes: dict) -> dict:
+    seconds, state = snap.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
+    shown, faults = shown_state(replica, nodes)
+    return {
+        "id": replica.id,
+        "model": replica.model,
+        "state": shown,
+        "nodes": replica.nodes,
+        # Cards it holds; of those, the failed ones count as unhealthy, not used.
+        "gpus": replica.gpu_count if replica.state in HOLDING else 0,
+        "gpus_unhealthy": len(faults),
+        "placement": [{"node": p.node, "gpus": p.gpus} for p in replica.placement],
+        "url": replica.url,
+        "idle_s": round(seconds, 1) if state != IdleState.UNKNOWN else -1,
+        "idle_state": str(state),
+        "reason": "; ".join(faults) or replica.reason,
+        "age_s": round(max(0.0, snap.now - replica.created_at), 1),
+        "exit_code": replica.exit_code,
+    }
+
+
 def replica_rows(snap: FleetSnapshot) -> list[dict]:
-    rows = []
     nodes = {n.name: n for n in snap.nodes}
-    for replica in sorted(snap.replicas, key=lambda r: (r.model, r.id)):
-        seconds, state = snap.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
-        holding = replica.state in HOLDING
-        faults = gpu_faults(replica, nodes) if holding else []
-        shown = DEGRADED if faults and replica.state != ReplicaState.STOPPING else replica.state
-        rows.append(
-            {
-                "id": replica.id,
-                "model": replica.model,
-                "state": str(shown),
-                "nodes": replica.nodes,
-                # Cards it holds; of those, the failed ones count as unhealthy, not used.
-                "gpus": replica.gpu_count if holding else 0,
-                "gpus_unhealthy": len(faults),
-                "placement": [{"node": p.node, "gpus": p.gpus} for p in replica.placement],
-                "url": replica.url,
-                "idle_s": round(seconds, 1) if state != IdleState.UNKNOWN else -1,
-                "idle_state": str(state),
-                "reason": "; ".join(faults) or replica.reason,
-                "age_s": round(max(0.0, snap.now - replica.created_at), 1),
-                "exit_code": replica.exit_code,
-            }
-        )
-    return rows
+    return [
+        replica_row(snap, replica, nodes)
+        for replica in sorted(snap.replicas, key=lambda r: (r.model, r.id))
+    ]
 
 
 SWAP_WINDOW_S = 3600.0
@@ -178,76 +198,130 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
     return rows
 
 
-def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
-    """The numbers of `gpuctl status`. `idle_after_s` None: each model's own threshold."""
-    nodes = node_rows(snap)
-    replicas = replica_rows(snap)
-    models = model_rows(snap)
-    capacity: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAPACITY_KEYS, 0))
-    for row in nodes:
-        for gpu_class, counts in row["gpus_by_class"].items():
-            for key in CAPACITY_KEYS:
-                capacity[gpu_class][key] += counts[key]
-    fabrics: dict[str, dict[str, int]] = defaultdict(
-        lambda: {"nodes": 0, "ready": 0, "whole_free": 0}
-    )
+def _group() -> dict[str, int]:
+    return {"nodes": 0, "ready": 0, "whole_free": 0}
+
+
+def _node_numbers(snap: FleetSnapshot) -> dict:
+    """The summary's node and capacity numbers, in one pass over the nodes and without their
+    rows: at 16,000 nodes the rows are most of the cost of a summary."""
+    held = _held(snap)
+    capacity: dict[str, list[int]] = defaultdict(lambda: [0] * len(CAPACITY_KEYS))
+    fabrics: dict[str, dict[str, int]] = defaultdict(_group)
     # Free cards on another fabric or of another class are no capacity for a model that spans
     # nodes: whole free nodes count per (fabric, GPU class).
-    fabric_classes: dict[tuple[str, str], dict[str, int]] = defaultdict(
-        lambda: {"nodes": 0, "ready": 0, "whole_free": 0}
-    )
-    for row in nodes:
-        for group in [fabrics[row["fabric"]]] + [
-            fabric_classes[(row["fabric"], c)] for c in row["gpu_classes"]
-        ]:
-            group["nodes"] += 1
-            group["ready"] += row["ready"]
-            group["whole_free"] += row["whole_free"]
-    thresholds = {spec.name: spec.idle_after_s for spec in snap.specs}
-    idle = []
-    for row in replicas:
-        threshold = (
-            idle_after_s if idle_after_s is not None else thresholds.get(row["model"], 1800.0)
+    fabric_classes: dict[tuple[str, str], dict[str, int]] = defaultdict(_group)
+    counts = dict.fromkeys(("total", "ready", "not_ready", "cordoned", "draining"), 0)
+    unhealthy, not_ready = [], []
+    for node in sorted(snap.nodes, key=lambda n: n.name):
+        by_class = node_capacity(node, held.get(node.name, NO_GPUS))
+        for gpu_class, tally in by_class.items():
+            column = capacity[gpu_class]
+            for key, n in enumerate(tally):
+                column[key] += n
+        whole_free = (
+            eligible(node)
+            and bool(node.gpus)
+            and all(tally[FREE] == tally[TOTAL] for tally in by_class.values())
         )
-        if (
-            row["state"] in HOLDING_ROWS
-            and row["idle_state"] != "unknown"
-            and row["idle_s"] >= threshold
-        ):
-            idle.append(
-                {
-                    key: row[key]
-                    for key in ("id", "model", "state", "nodes", "gpus", "idle_s", "idle_state")
-                }
-            )
-    idle.sort(key=lambda r: (-r["gpus"], -r["idle_s"], r["id"]))
+        for group in [fabrics[node.fabric]] + [fabric_classes[(node.fabric, c)] for c in by_class]:
+            group["nodes"] += 1
+            group["ready"] += node.ready
+            group["whole_free"] += whole_free
+        counts["total"] += 1
+        counts["ready" if node.ready else "not_ready"] += 1
+        if node.schedulable != Schedulable.SCHEDULABLE:
+            counts[str(node.schedulable)] += 1
+        if not node.ready:
+            not_ready.append({"name": node.name, "fabric": node.fabric})
+        unhealthy.extend(
+            {"node": node.name, "index": g.index, "reason": g.reason}
+            for g in node.gpus
+            if not g.healthy
+        )
     return {
-        "capacity": {k: v for k, v in sorted(capacity.items())},
+        "capacity": {
+            k: dict(zip(CAPACITY_KEYS, v, strict=True)) for k, v in sorted(capacity.items())
+        },
         "fabrics": {k: v for k, v in sorted(fabrics.items())},
         "fabrics_by_class": [
-            {"fabric": fabric, "gpu_class": gpu_class, **counts}
-            for (fabric, gpu_class), counts in sorted(fabric_classes.items())
+            {"fabric": fabric, "gpu_class": gpu_class, **group}
+            for (fabric, gpu_class), group in sorted(fabric_classes.items())
         ],
-        "nodes": {
-            "total": len(nodes),
-            "ready": sum(r["ready"] for r in nodes),
-            "not_ready": sum(not r["ready"] for r in nodes),
-            "cordoned": sum(r["schedulable"] == "cordoned" for r in nodes),
-            "draining": sum(r["schedulable"] == "draining" for r in nodes),
+        "nodes": counts,
+        "unhealthy_gpus": unhealthy,
+        "not_ready_nodes": not_ready,
+    }
+
+
+IDLE_KEYS = ("id", "model", "state", "nodes", "gpus", "idle_s", "idle_state")
+DEGRADED_KEYS = ("id", "model", "nodes", "reason", "gpus", "gpus_unhealthy")
+FAILED_KEYS = ("id", "model", "nodes", "reason", "exit_code")
+
+
+def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None) -> dict:
+    """The summary's replica numbers. A full row is built only for a replica the summary
+    lists (idle, degraded, failed); the rest are counted."""
+    nodes = {n.name: n for n in snap.nodes}
+    thresholds = {spec.name: spec.idle_after_s for spec in snap.specs}
+    by_state: Counter[str] = Counter()
+    idle, degraded, failed = [], [], []
+    retiring_gpus = unknown = unknown_by_silence = 0
+    for replica in sorted(snap.replicas, key=lambda r: (r.model, r.id)):
+        shown, _ = shown_state(replica, nodes)
+        by_state[shown] += 1
+        if shown == str(ReplicaState.RETIRING):
+            retiring_gpus += replica.gpu_count
+        if shown == DEGRADED:
+            degraded.append(replica_row(snap, replica, nodes))
+        elif shown == str(ReplicaState.FAILED):
+            failed.append(replica_row(snap, replica, nodes))
+        if shown not in HOLDING_ROWS:
+            continue
+        unknown_by_silence += replica.id in snap.unknown_by_silence
+        seconds, state = snap.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
+        if state == IdleState.UNKNOWN:
+            unknown += 1
+            continue
+        threshold = (
+            idle_after_s if idle_after_s is not None else thresholds.get(replica.model, 1800.0)
+        )
+        if round(seconds, 1) >= threshold:
+            idle.append(replica_row(snap, replica, nodes))
+    idle.sort(key=lambda r: (-r["gpus"], -r["idle_s"], r["id"]))
+    return {
+        "replicas": {"total": len(snap.replicas), "by_state": dict(sorted(by_state.items()))},
+        "retiring_gpus": retiring_gpus,
+        "idle": {
+            "threshold_s": idle_after_s,
+            "replicas": [{key: r[key] for key in IDLE_KEYS} for r in idle],
+            "gpus_held": sum(r["gpus"] for r in idle),
+            "unknown": unknown,
         },
-        "replicas": {
-            "total": len(replicas),
-            "by_state": dict(sorted(Counter(r["state"] for r in replicas).items())),
-        },
+        "unknown_by_silence": unknown_by_silence,
+        "degraded_replicas": [{key: r[key] for key in DEGRADED_KEYS} for r in degraded],
+        "failed_replicas": [{key: r[key] for key in FAILED_KEYS} for r in failed],
+    }
+
+
+def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
+    """The numbers of `gpuctl status`. `idle_after_s` None: each model's own threshold."""
+    fleet = _node_numbers(snap)
+    replicas = _replica_numbers(snap, idle_after_s)
+    models = model_rows(snap)
+    return {
+        "capacity": fleet["capacity"],
+        "fabrics": fleet["fabrics"],
+        "fabrics_by_class": fleet["fabrics_by_class"],
+        "nodes": fleet["nodes"],
+        "replicas": replicas["replicas"],
         "models": {
             "total": len(models),
             "by_state": dict(sorted(Counter(r["state"] for r in models).items())),
         },
         "scaled_to_zero": {
             "models": sum(r["state"] == "ScaledToZero" and r["replicas"] > 0 for r in models),
-            "gpus_held": sum(
-                r["gpus"] for r in replicas if r["state"] == str(ReplicaState.RETIRING)
-            ),
+            "gpus_held": replicas["retiring_gpus"],
             "waking": {r["name"]: r["waiting"] for r in models if r["state"] == "Waking"},
         },
         "room": {
@@ -267,33 +341,14 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             for r in models
             if r["reason"] and r["state"] != "WaitingForRoom"
         ],
-        "idle": {
-            "threshold_s": idle_after_s,
-            "replicas": idle,
-            "gpus_held": sum(r["gpus"] for r in idle),
-            "unknown": sum(
-                r["idle_state"] == "unknown" for r in replicas if r["state"] in HOLDING_ROWS
-            ),
-        },
+        "idle": replicas["idle"],
         "routers": {
             **{state: sum(r["state"] == state for r in snap.routers) for state in ROUTER_STATES},
-            "unknown_replicas": sum(
-                r["id"] in snap.unknown_by_silence for r in replicas if r["state"] in HOLDING_ROWS
-            ),
+            "unknown_replicas": replicas["unknown_by_silence"],
         },
-        "unhealthy_gpus": [{"node": r["name"], **g} for r in nodes for g in r["unhealthy_gpus"]],
-        "not_ready_nodes": [
-            {"name": r["name"], "fabric": r["fabric"]} for r in nodes if not r["ready"]
-        ],
-        "degraded_replicas": [
-            {key: r[key] for key in ("id", "model", "nodes", "reason", "gpus", "gpus_unhealthy")}
-            for r in replicas
-            if r["state"] == DEGRADED
-        ],
-        "failed_replicas": [
-            {key: r[key] for key in ("id", "model", "nodes", "reason", "exit_code")}
-            for r in replicas
-            if r["state"] == str(ReplicaState.FAILED)
-        ],
+        "unhealthy_gpus": fleet["unhealthy_gpus"],
+        "not_ready_nodes": fleet["not_ready_nodes"],
+        "degraded_replicas": replicas["degraded_replicas"],
+        "failed_replicas": replicas["failed_replicas"],
         "route_version": snap.route_version,
     }

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from controlplane.fleet import FleetSnapshot
 from controlplane.idle import IdleState, IdleTracker
 from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Schedulable, Slice
-from controlplane.summary import node_rows, replica_rows, summary
+from controlplane.summary import HOLDING_ROWS, node_rows, replica_rows, summary
 
 CLASSES = ["H100-80GB", "A100-80GB", "L40S-48GB"]
 
@@ -90,6 +90,39 @@ def test_summary_is_the_aggregate_of_the_rows(snap, threshold):
         assert row["idle_state"] != "unknown", "unknown is never idle"
         assert row["idle_s"] >= (threshold if threshold is not None else 1800.0)
     assert result["idle"]["gpus_held"] == sum(r["gpus"] for r in result["idle"]["replicas"])
+    # The summary counts without building every row: each list it shows is the rows' own.
+    holding = [r for r in replicas if r["state"] in HOLDING_ROWS]
+    limit = {s.name: s.idle_after_s for s in snap.specs}
+    idle_ids = {
+        r["id"]
+        for r in holding
+        if r["idle_state"] != "unknown"
+        and r["idle_s"] >= (threshold if threshold is not None else limit[r["model"]])
+    }
+    assert {r["id"] for r in result["idle"]["replicas"]} == idle_ids
+    assert result["idle"]["unknown"] == sum(r["idle_state"] == "unknown" for r in holding)
+    assert [r["id"] for r in result["degraded_replicas"]] == [
+        r["id"] for r in replicas if r["state"] == "Degraded"
+    ]
+    assert [r["id"] for r in result["failed_replicas"]] == [
+        r["id"] for r in replicas if r["state"] == "Failed"
+    ]
+    assert result["not_ready_nodes"] == [
+        {"name": r["name"], "fabric": r["fabric"]} for r in nodes if not r["ready"]
+    ]
+    for state in ("cordoned", "draining"):
+        assert result["nodes"][state] == sum(r["schedulable"] == state for r in nodes)
+    for group in result["fabrics_by_class"]:
+        members = [
+            r
+            for r in nodes
+            if r["fabric"] == group["fabric"] and group["gpu_class"] in r["gpu_classes"]
+        ]
+        assert (group["nodes"], group["ready"], group["whole_free"]) == (
+            len(members),
+            sum(r["ready"] for r in members),
+            sum(r["whole_free"] for r in members),
+        )
 
 
 class TickingClock:
