@@ -14,7 +14,28 @@ from controlplane.tokens import load_tokens
 @click.command("server")
 @click.option("--listen", default="127.0.0.1:8081", show_default=True)
 @click.option(
-    "--state", "state_path", default=None, help="SQLite file (default: the user's state directory)."
+    "--state",
+    "state_path",
+    default=None,
+    help="A SQLite file (default: the user's state directory), or postgresql://USER@HOST/DB "
+    "for several servers on one database, one leading.",
+)
+@click.option(
+    "--advertise",
+    default=None,
+    help="The URL standbys send callers to while this server leads (default: its --listen).",
+)
+@click.option(
+    "--lease-ttl",
+    default=5.0,
+    show_default=True,
+    help="Seconds a leader's lease lasts unrenewed (PostgreSQL state only).",
+)
+@click.option(
+    "--lease-renew",
+    default=1.0,
+    show_default=True,
+    help="Seconds between a leader's renewals of its lease (PostgreSQL state only).",
 )
 @click.option(
     "--token-file",
@@ -53,6 +74,9 @@ from controlplane.tokens import load_tokens
 def server(
     listen,
     state_path,
+    advertise,
+    lease_ttl,
+    lease_renew,
     token_file,
     tick_s,
     node_timeout,
@@ -67,7 +91,7 @@ def server(
     import uvloop
 
     # Here, not at the top: every gpuctl command would pay for importing the server.
-    from controlplane.server import serve
+    from controlplane.server import Settings, serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     host, port = parse_listen(listen)
@@ -76,6 +100,8 @@ def server(
         residency_s = parse_duration(min_residency, "--min-residency", allow_zero=True)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if not 0 < lease_renew < lease_ttl:
+        raise click.UsageError("--lease-renew must be shorter than --lease-ttl")
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
     tls = None
@@ -87,21 +113,23 @@ def server(
             tls.load_cert_chain(tls_cert, tls_key)
         except (ssl.SSLError, OSError) as exc:
             raise click.UsageError(f"--tls-cert/--tls-key: {exc}") from None
+    settings = Settings(
+        host,
+        port,
+        state_path or str(default_state_path()),
+        tokens,
+        tick_s=tick_s,
+        node_timeout_s=node_timeout,
+        router_live_s=router_live,
+        min_residency_s=residency_s,
+        metrics_token=metrics_token,
+        tls=tls,
+        advertise=advertise,
+        lease_ttl_s=lease_ttl,
+        lease_renew_s=lease_renew,
+    )
     try:
-        uvloop.run(
-            serve(
-                host,
-                port,
-                state_path or str(default_state_path()),
-                tokens,
-                tick_s,
-                node_timeout,
-                router_live,
-                residency_s,
-                metrics_token,
-                tls,
-            )
-        )
+        uvloop.run(serve(settings))
     except OSError as exc:
         click.echo(f"error: cannot start the control plane: {exc}", err=True)
         sys.exit(3)

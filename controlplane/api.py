@@ -9,25 +9,29 @@ from aiohttp import web
 
 from controlplane.auth import NODE, PUBLIC, READ, Denied, check, identify
 from controlplane.explain import explain
-from controlplane.fleet import BadRequest, Conflict, Fleet, NotFound
+from controlplane.fleet import BadRequest, Conflict, NotFound
 from controlplane.idle import ReportError
+from controlplane.leadership import Term
 from controlplane.metrics import exposition
 from controlplane.model import ReplicaState, Schedulable, SpecError, parse_duration
 from controlplane.paging import BadPage, bounds, page
-from controlplane.reconciler import Reconciler
 from controlplane.redact import public_spec
 from controlplane.scaling import plan_stop_idle
+from controlplane.store import StoreUnavailable
 from controlplane.summary import model_rows, node_rows, replica_rows, summary
-from controlplane.views import Views
 
-FLEET_KEY = web.AppKey("fleet", Fleet)
-RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
 TOKENS_KEY = web.AppKey("tokens", dict)
 NEEDS_KEY = web.AppKey("needs", dict)  # route -> the roles that may call it
+LEADERSHIP_KEY = web.AppKey("leadership", object)
 CALLER_KEY = "caller"
-WAKE_KEY = web.AppKey("wake", object)
-STATS_KEY = web.AppKey("stats", dict)
-VIEWS_KEY = web.AppKey("views", Views)
+TERM_KEY = "term"
+# Answered by every server, leader or standby: for load balancers, probes and scrapers.
+LOCAL_PATHS = {"/healthz", "/v1/leader", "/metrics"}
+RETRY_AFTER_S = "1"
+LEADER_FAMILY = (
+    "# HELP gpufleet_leader Whether this server leads (1) or stands by (0).\n"
+    "# TYPE gpufleet_leader gauge\ngpufleet_leader {}\n"
+)
 # A list this long or longer is encoded in a worker thread: 16,000 nodes are 10 MB of JSON.
 LONG_LIST = 1000
 
@@ -70,6 +74,42 @@ async def errors(request: web.Request, handler):
         return error_response(400, str(exc), "invalid_request", exc.field)
 
 
+def term(request: web.Request) -> Term:
+    """The leader's working state for this request (leader_only has checked there is one)."""
+    return request[TERM_KEY]
+
+
+def unavailable(message: str) -> web.Response:
+    response = error_response(503, message, "unavailable")
+    response.headers["Retry-After"] = RETRY_AFTER_S
+    return response
+
+
+@web.middleware
+async def leader_only(request: web.Request, handler):
+    """Only the leader acts. A standby sends each call to the leader (307, which keeps the
+    method and body), or answers 503 while there is none. On the leader, nothing leaves before
+    the changes it reveals are committed: a store that cannot commit answers 503, and the
+    change was not acknowledged."""
+    leadership = request.app[LEADERSHIP_KEY]
+    current = leadership.term
+    if request.path in LOCAL_PATHS:
+        request[TERM_KEY] = current
+        return await handler(request)
+    if current is None:
+        url = leadership.leader_url
+        if url:
+            raise web.HTTPTemporaryRedirect(url.rstrip("/") + request.path_qs)
+        return unavailable("no control plane leads at the moment: an election is under way")
+    request[TERM_KEY] = current
+    response = await handler(request)
+    try:
+        await current.fleet.store.sync()
+    except StoreUnavailable as exc:
+        return unavailable(f"the change could not be stored ({exc}); it was not made")
+    return response
+
+
 @web.middleware
 async def authorization(request: web.Request, handler):
     """Every route says who may call it (ROUTES); with no token file, nobody needs one."""
@@ -77,8 +117,9 @@ async def authorization(request: web.Request, handler):
     needs = request.app[NEEDS_KEY].get(request.match_info.route)
     if not tokens or needs is None:  # open, or no such route (404/405 follow)
         return await handler(request)
-    fleet = request.app[FLEET_KEY]
-    caller = identify(request.headers.get("Authorization", ""), tokens, fleet.credentials)
+    current = request[TERM_KEY]
+    credentials = current.fleet.credentials if current is not None else {}
+    caller = identify(request.headers.get("Authorization", ""), tokens, credentials)
     # A path that names no node (registration) is about the caller's own: its handler checks
     # the node the body names.
     check(caller, needs, request.match_info.get("name", caller.node if caller else None))
@@ -99,7 +140,7 @@ def items(kind: str, rows: list) -> dict:
 
 
 def wake(request: web.Request) -> None:
-    request.app[WAKE_KEY].set()
+    term(request).wake.set()
 
 
 # routers
@@ -113,7 +154,7 @@ async def get_routes(request: web.Request) -> web.Response:
         raise ApiError(
             400, "after must be an integer and wait a number of seconds", "invalid_request", "after"
         ) from None
-    table = request.app[RECONCILER_KEY].routes
+    table = term(request).reconciler.routes
     return json_response(await table.wait_for_change(after, wait))
 
 
@@ -126,7 +167,7 @@ async def post_demand(request: web.Request) -> web.Response:
         raise ApiError(400, "model: required, a string", "invalid_request", "model")
     if isinstance(waiting, bool) or not isinstance(waiting, int) or waiting < 0:
         raise ApiError(400, "waiting: a non-negative integer", "invalid_request", "waiting")
-    fleet = request.app[FLEET_KEY]
+    fleet = term(request).fleet
     spec = fleet.demand(model, waiting)
 
     def ready() -> int:
@@ -136,8 +177,8 @@ async def post_demand(request: web.Request) -> web.Response:
 
     if fleet.changed or not ready():
         # Place it, or make room for it, now: the answer carries the outcome.
-        request.app[RECONCILER_KEY].tick()
-        request.app[STATS_KEY]["ticks"] += 1
+        term(request).reconciler.tick()
+        term(request).stats["ticks"] += 1
     reason = fleet.reasons.get(model, "")
     room = fleet.room.get(model)
     return json_response(
@@ -167,24 +208,24 @@ async def stop_idle(request: web.Request) -> web.Response:
     models = body.get("models") or []
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise ApiError(400, "models: a list of model names", "invalid_request", "models")
-    fleet = request.app[FLEET_KEY]
+    fleet = term(request).fleet
     for name in models:
         fleet.spec(name)  # 404 for a model that does not exist
     outcome = plan_stop_idle(fleet, models, idle_after, dry_run=bool(body.get("dry_run")))
     if not body.get("dry_run"):
-        reconciler = request.app[RECONCILER_KEY]
+        reconciler = term(request).reconciler
         reconciler.stops["operator"] = reconciler.stops.get("operator", 0) + len(outcome["stopped"])
         wake(request)
     return json_response(outcome)
 
 
 async def list_routers(request: web.Request) -> web.Response:
-    return json_response(items("RouterList", request.app[FLEET_KEY].idle.router_rows()))
+    return json_response(items("RouterList", term(request).fleet.idle.router_rows()))
 
 
 async def forget_router(request: web.Request) -> web.Response:
     router_id = request.match_info["id"]
-    fleet = request.app[FLEET_KEY]
+    fleet = term(request).fleet
     try:
         router = fleet.idle.forget_router(router_id)
     except KeyError:
@@ -195,10 +236,10 @@ async def forget_router(request: web.Request) -> web.Response:
 
 async def post_activity(request: web.Request) -> web.Response:
     try:
-        request.app[FLEET_KEY].idle.report(await body_of(request))
+        term(request).fleet.idle.report(await body_of(request))
     except ReportError as exc:
         raise ApiError(400, str(exc), "invalid_request", exc.field) from None
-    request.app[STATS_KEY]["activity_reports"] += 1
+    term(request).stats["activity_reports"] += 1
     return json_response({"accepted": True})
 
 
@@ -206,7 +247,7 @@ async def post_activity(request: web.Request) -> web.Response:
 
 
 async def register_node(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET_KEY]
+    fleet = term(request).fleet
     body = await body_of(request)
     caller = request.get(CALLER_KEY)
     name = body.get("name") if isinstance(body, dict) else None
@@ -229,13 +270,13 @@ async def register_node(request: web.Request) -> web.Response:
 
 
 async def delete_node(request: web.Request) -> web.Response:
-    node = request.app[FLEET_KEY].delete_node(request.match_info["name"])
+    node = term(request).fleet.delete_node(request.match_info["name"])
     wake(request)
     return json_response({"name": node.name, "result": "deleted"})
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET_KEY]
+    fleet = term(request).fleet
     assignments = fleet.heartbeat(request.match_info["name"], await body_of(request))
     if fleet.changed:
         wake(request)
@@ -243,7 +284,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 
 async def get_assignments(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET_KEY]
+    fleet = term(request).fleet
     return json_response({"assignments": fleet.assignments(request.match_info["name"])})
 
 
@@ -252,7 +293,7 @@ async def get_assignments(request: web.Request) -> web.Response:
 
 async def view(request: web.Request, name, build):
     """A view of the fleet, shared by every reader of the same state (controlplane/views.py)."""
-    return await request.app[VIEWS_KEY].get(name, build)
+    return await term(request).views.get(name, build)
 
 
 async def paged_list(request: web.Request, kind: str, rows: list[dict], sort_key) -> web.Response:
@@ -304,7 +345,7 @@ def node_page(snap, limit: str, token: str | None) -> bytes:
 
 async def get_node(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    request.app[FLEET_KEY].node(name)
+    term(request).fleet.node(name)
     row = next(r for r in await view(request, "nodes", node_rows) if r["name"] == name)
     return json_response(row)
 
@@ -318,7 +359,7 @@ async def set_node_state(request: web.Request) -> web.Response:
     }.get(action)
     if state is None:
         raise ApiError(404, f"no node action {action!r} (cordon, uncordon, drain)", "not_found")
-    node = request.app[FLEET_KEY].set_schedulable(request.match_info["name"], state)
+    node = term(request).fleet.set_schedulable(request.match_info["name"], state)
     wake(request)
     return json_response(node.to_dict())
 
@@ -329,7 +370,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def get_model(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET_KEY]
+    fleet = term(request).fleet
     spec = fleet.spec(request.match_info["name"])
     rows = await view(request, "models", model_rows)
     row = next(r for r in rows if r["name"] == spec.name)
@@ -340,9 +381,9 @@ async def get_model(request: web.Request) -> web.Response:
 
 async def apply_model(request: web.Request) -> web.Response:
     dry_run = request.query.get("dry_run", "") in ("1", "true")
-    spec, outcome = request.app[FLEET_KEY].apply(await body_of(request), dry_run=dry_run)
+    spec, outcome = term(request).fleet.apply(await body_of(request), dry_run=dry_run)
     if dry_run:
-        explained = explain(spec, request.app[RECONCILER_KEY].min_residency_s)
+        explained = explain(spec, term(request).reconciler.min_residency_s)
         return json_response(
             {"spec": public_spec(spec), "result": outcome, "dry_run": True, "explain": explained}
         )
@@ -353,7 +394,7 @@ async def apply_model(request: web.Request) -> web.Response:
 
 
 async def delete_model(request: web.Request) -> web.Response:
-    spec = request.app[FLEET_KEY].delete(request.match_info["name"])
+    spec = term(request).fleet.delete(request.match_info["name"])
     wake(request)
     return json_response({"spec": public_spec(spec), "result": "deleted"})
 
@@ -362,7 +403,7 @@ async def scale_model(request: web.Request) -> web.Response:
     body = await body_of(request)
     if not isinstance(body, dict) or "replicas" not in body:
         raise ApiError(400, "replicas: required", "invalid_request", "replicas")
-    spec = request.app[FLEET_KEY].scale(
+    spec = term(request).fleet.scale(
         request.match_info["name"], body["replicas"], body.get("generation")
     )
     wake(request)
@@ -393,26 +434,35 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
+async def get_leader(request: web.Request) -> web.Response:
+    """200 on the leader, 503 on a standby: what a load balancer's health check asks."""
+    about = request.app[LEADERSHIP_KEY].describe()
+    return json_response(about, 200 if about["leader"] else 503)
+
+
 async def metrics(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET_KEY]
+    if term(request) is None:
+        return web.Response(text=LEADER_FAMILY.format(0), content_type="text/plain")
+    fleet = term(request).fleet
     stats = {
-        **request.app[STATS_KEY],
-        "stops": dict(request.app[RECONCILER_KEY].stops),
+        **term(request).stats,
+        "stops": dict(term(request).reconciler.stops),
         "swap_totals": dict(fleet.swap_totals),
         "swap_seconds": fleet.swap_seconds.copy(),
-        "views_built": request.app[VIEWS_KEY].built,
+        "views_built": term(request).views.built,
     }
     fleet_summary = await view(request, ("summary", None), lambda s: summary(s))
     models = await view(request, "models", model_rows)
     text = await asyncio.to_thread(exposition, fleet_summary, models, stats)
-    return web.Response(text=text, content_type="text/plain")
+    return web.Response(text=LEADER_FAMILY.format(1) + text, content_type="text/plain")
 
 
 # Every route and who may call it: a route added here cannot be left without a rule, and the
 # tests walk this table.
 ROUTES = [
     ("GET", "/healthz", healthz, (PUBLIC,)),
-    ("GET", "/metrics", metrics, (PUBLIC,)),  # no secret in it; --metrics-token protects it
+    ("GET", "/metrics", metrics, (PUBLIC,)),
+    ("GET", "/v1/leader", get_leader, (PUBLIC,)),  # no secret in it; --metrics-token protects it
     ("GET", "/v1/routes", get_routes, ("router",)),
     ("POST", "/v1/activity", post_activity, ("router",)),
     ("POST", "/v1/demand", post_demand, ("router",)),
@@ -437,26 +487,17 @@ ROUTES = [
 
 
 def build_app(
-    fleet: Fleet,
-    reconciler: Reconciler,
-    tokens: dict[str, str],
-    wake_event,
-    metrics_token: str | None = None,
+    leadership, tokens: dict[str, str], metrics_token: str | None = None
 ) -> web.Application:
+    """`leadership`: a Sole or an Elected (controlplane/leadership.py), whose term the API
+    acts on."""
     tokens = dict(tokens)
-    app = web.Application(middlewares=[errors, authorization], client_max_size=16 * 1024 * 1024)
-    app[FLEET_KEY] = fleet
-    app[RECONCILER_KEY] = reconciler
-    app[TOKENS_KEY] = tokens
-    app[WAKE_KEY] = wake_event
-    app[STATS_KEY] = {"activity_reports": 0, "ticks": 0}
-    app[NEEDS_KEY] = {}
-    stats = app[STATS_KEY]
-    app[VIEWS_KEY] = Views(
-        fleet,
-        lambda: reconciler.routes.version,
-        lambda: (stats["ticks"], stats["activity_reports"]),
+    app = web.Application(
+        middlewares=[errors, leader_only, authorization], client_max_size=16 * 1024 * 1024
     )
+    app[LEADERSHIP_KEY] = leadership
+    app[TOKENS_KEY] = tokens
+    app[NEEDS_KEY] = {}
     for method, path, handler, needs in ROUTES:
         route = app.router.add_route(method, path, handler)
         app[NEEDS_KEY][route] = needs

@@ -5,15 +5,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import secrets
 import signal
+import socket
 import time
+from dataclasses import dataclass
 
 from aiohttp import web
 
-from controlplane.api import STATS_KEY, build_app
+from controlplane.api import build_app
 from controlplane.fleet import Fleet
 from controlplane.idle import IdleTracker
+from controlplane.leadership import Elected, Sole, Term
+from controlplane.lease import Lease
 from controlplane.looplag import watch_loop_lag
+from controlplane.pgstore import PostgresStore, connect_pool, migrate
 from controlplane.reconciler import Reconciler
 from controlplane.store import SqliteStore
 
@@ -27,47 +34,86 @@ SLOW_TICK_S = 1.0
 PACED_TICK_S = 0.05  # a shorter tick (a small fleet's) runs again as soon as it is woken
 
 
-async def serve(
-    host: str,
-    port: int,
-    state_path: str,
-    tokens: dict[str, str],
-    tick_s: float = 1.0,
-    node_timeout_s: float = 15.0,
-    router_live_s: float = 10.0,
-    min_residency_s: float = 120.0,
-    metrics_token: str | None = None,
-    tls=None,
-) -> None:
-    gc.set_threshold(*GC_THRESHOLDS)
-    store = SqliteStore(state_path)
-    fleet = Fleet(store, IdleTracker(live_window_s=router_live_s, clock=time.time))
+@dataclass
+class Settings:
+    host: str
+    port: int
+    state: str  # a SQLite file, or a postgresql:// URL
+    tokens: dict[str, str]
+    tick_s: float = 1.0
+    node_timeout_s: float = 15.0
+    router_live_s: float = 10.0
+    min_residency_s: float = 120.0
+    metrics_token: str | None = None
+    tls: object = None
+    advertise: str | None = None  # the URL standbys send callers to; default: the listener's
+    lease_ttl_s: float = 5.0
+    lease_renew_s: float = 1.0
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.tls is not None else "http"
+        return self.advertise or f"{scheme}://{self.host}:{self.port}"
+
+
+def on_postgresql(state: str) -> bool:
+    return state.startswith(("postgresql://", "postgres://"))
+
+
+def begin_term(store, settings: Settings, epoch: int = 0) -> Term:
+    """A leader's working state, loaded whole from `store`."""
+    fleet = Fleet(store, IdleTracker(live_window_s=settings.router_live_s, clock=time.time))
     reconciler = Reconciler(
         fleet,
-        node_timeout_s=node_timeout_s,
-        min_residency_s=min_residency_s,
-        autoscale_every_s=tick_s,
+        node_timeout_s=settings.node_timeout_s,
+        min_residency_s=settings.min_residency_s,
+        autoscale_every_s=settings.tick_s,
     )
     reconciler.tick()
-    wake = asyncio.Event()
-    app = build_app(fleet, reconciler, tokens, wake, metrics_token)
+    return Term(fleet, reconciler, epoch)
+
+
+def end_term(term: Term) -> None:
+    term.reconciler.routes.release_watchers()
+    term.fleet.flush_activity()  # what routers reported since the last tick is kept too
+
+
+async def serve(settings: Settings) -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
+    stop = asyncio.Event()
+    if on_postgresql(settings.state):
+        await serve_elected(settings, stop)
+    else:
+        await serve_sole(settings, stop)
+
+
+async def listen(settings: Settings, leadership, stop: asyncio.Event) -> web.AppRunner:
+    app = build_app(leadership, settings.tokens, settings.metrics_token)
     runner = web.AppRunner(
         app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=3
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, ssl_context=tls).start()
+        await web.TCPSite(runner, settings.host, settings.port, ssl_context=settings.tls).start()
     except OSError:
         await runner.cleanup()
-        store.close()
         raise
-    scheme = "https" if tls is not None else "http"
-    log.info("gpuctl server listening on %s://%s:%d, state in %s", scheme, host, port, state_path)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    ticker = asyncio.create_task(tick_loop(reconciler, wake, tick_s, app[STATS_KEY]))
+    return runner
+
+
+async def serve_sole(settings: Settings, stop: asyncio.Event) -> None:
+    store = SqliteStore(settings.state)
+    term = begin_term(store, settings)
+    try:
+        runner = await listen(settings, Sole(term, settings.url), stop)
+    except OSError:
+        store.close()
+        raise
+    log.info("gpuctl server listening on %s, state in %s", settings.url, settings.state)
+    ticker = asyncio.create_task(tick_loop(term, settings.tick_s))
     lag = asyncio.create_task(watch_loop_lag(log))
     try:
         await stop.wait()
@@ -75,13 +121,79 @@ async def serve(
         ticker.cancel()
         lag.cancel()
         await asyncio.gather(ticker, lag, return_exceptions=True)
-        reconciler.routes.release_watchers()
+        term.reconciler.routes.release_watchers()
         await runner.cleanup()
-        fleet.flush_activity()  # what routers reported since the last tick is kept too
+        end_term(term)
         store.close()
 
 
-async def tick_loop(reconciler: Reconciler, wake: asyncio.Event, tick_s: float, stats) -> None:
+async def serve_elected(settings: Settings, stop: asyncio.Event) -> None:
+    """One of several servers on one database: campaign, lead until the lease or the store is
+    lost, stand by, campaign again; on a signal, hand the lease over at once."""
+    pool = await connect_pool(settings.state)
+    try:
+        await migrate(pool)
+        holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        lease = Lease(pool, holder, settings.url, settings.lease_ttl_s, settings.lease_renew_s)
+        leadership = Elected(lease)
+        runner = await listen(settings, leadership, stop)
+    except BaseException:
+        await pool.close()
+        raise
+    log.info("gpuctl server listening on %s, state in PostgreSQL, standing by", settings.url)
+    lag = asyncio.create_task(watch_loop_lag(log))
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        while not stop.is_set():
+            campaign = asyncio.create_task(lease.campaign())
+            await asyncio.wait({campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not campaign.done():
+                campaign.cancel()
+                break
+            await lead(settings, pool, lease, leadership, campaign.result(), stopping)
+    finally:
+        lag.cancel()
+        stopping.cancel()
+        await runner.cleanup()
+        await pool.close()
+
+
+async def lead(settings, pool, lease: Lease, leadership: Elected, epoch: int, stopping) -> None:
+    """One term: load the state, act until the lease, the store or the process ends it."""
+    started = time.perf_counter()
+    store = PostgresStore(pool, epoch)
+    holding = asyncio.create_task(lease.hold())
+    try:
+        await store.start()
+        term = begin_term(store, settings, epoch)
+    except Exception as exc:  # the database went away while the state loaded
+        log.error("could not load the state to lead: %s", exc)
+        holding.cancel()
+        lease.step_down()
+        store.close()
+        return
+    leadership.bind(term)
+    log.info("leading (epoch %d), state loaded in %.2f s", epoch, time.perf_counter() - started)
+    ticker = asyncio.create_task(tick_loop(term, settings.tick_s, lambda: lease.held))
+    await asyncio.wait({holding, store.writer, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    leadership.bind(None)
+    ticker.cancel()
+    await asyncio.gather(ticker, return_exceptions=True)
+    end_term(term)
+    if stopping.done():  # a clean stop: commit what was accepted, then hand the lease over
+        await store.drain()
+        holding.cancel()
+        await asyncio.gather(holding, return_exceptions=True)
+        await lease.release(epoch)
+    else:
+        holding.cancel()
+        lease.step_down()
+        store.close()
+
+
+async def tick_loop(term: Term, tick_s: float, may_act=lambda: True) -> None:
+    """`may_act`: False once this server may no longer lead (its lease's deadline passed)."""
+    reconciler, wake, stats = term.reconciler, term.wake, term.stats
     took = 0.0
     while True:
         # A tick runs on the loop: after a long one that took T, the loop is left to heartbeats
@@ -95,6 +207,8 @@ async def tick_loop(reconciler: Reconciler, wake: asyncio.Event, tick_s: float, 
         except TimeoutError:
             pass
         wake.clear()
+        if not may_act():
+            return
         started = time.perf_counter()
         try:
             reconciler.tick()

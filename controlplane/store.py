@@ -17,6 +17,10 @@ import orjson
 from controlplane.model import ModelSpec, Node, Replica
 
 
+class StoreUnavailable(Exception):
+    """A change could not be committed: the database is gone or this server no longer leads."""
+
+
 class Store(Protocol):
     def load(
         self,
@@ -37,31 +41,40 @@ class Store(Protocol):
     def put_credential(self, node: str, digest: str | None) -> None: ...
     def delete_node(self, name: str) -> None: ...
     def put_window(self, model: str, window: dict | None) -> None: ...
+    async def sync(self) -> None: ...  # returns once every change made so far is committed
     def close(self) -> None: ...
 
 
-# Each entry moves the schema one version up; never edit one that has shipped.
+# Each entry moves the schema one version up; never edit one that has shipped. One list for both
+# stores: `{blob}` and `{real}` are each dialect's types (SQLITE_TYPES, pgstore.POSTGRES_TYPES).
 MIGRATIONS = [
     """
-    CREATE TABLE specs (name TEXT PRIMARY KEY, body BLOB NOT NULL);
-    CREATE TABLE nodes (name TEXT PRIMARY KEY, body BLOB NOT NULL);
-    CREATE TABLE replicas (id TEXT PRIMARY KEY, model TEXT NOT NULL, body BLOB NOT NULL);
-    CREATE TABLE last_used (replica TEXT PRIMARY KEY, at REAL NOT NULL);
+    CREATE TABLE specs (name TEXT PRIMARY KEY, body {blob} NOT NULL);
+    CREATE TABLE nodes (name TEXT PRIMARY KEY, body {blob} NOT NULL);
+    CREATE TABLE replicas (id TEXT PRIMARY KEY, model TEXT NOT NULL, body {blob} NOT NULL);
+    CREATE TABLE last_used (replica TEXT PRIMARY KEY, at {real} NOT NULL);
     """,
     """
-    CREATE TABLE routers (id TEXT PRIMARY KEY, body BLOB NOT NULL);
-    CREATE TABLE unseen_until (replica TEXT PRIMARY KEY, at REAL NOT NULL);
+    CREATE TABLE routers (id TEXT PRIMARY KEY, body {blob} NOT NULL);
+    CREATE TABLE unseen_until (replica TEXT PRIMARY KEY, at {real} NOT NULL);
     """,
     """
     CREATE TABLE scaled (model TEXT PRIMARY KEY, replicas INTEGER NOT NULL);
     """,
     """
-    CREATE TABLE autoscale_windows (model TEXT PRIMARY KEY, body BLOB NOT NULL);
+    CREATE TABLE autoscale_windows (model TEXT PRIMARY KEY, body {blob} NOT NULL);
     """,
     """
     CREATE TABLE node_credentials (node TEXT PRIMARY KEY, digest TEXT NOT NULL);
     """,
 ]
+SQLITE_TYPES = {"blob": "BLOB", "real": "REAL"}
+
+
+def statements(number: int, types: dict[str, str]) -> list[str]:
+    """Migration `number` (1-based) in one dialect, a statement each."""
+    script = MIGRATIONS[number - 1].format(**types)
+    return [statement.strip() for statement in script.split(";") if statement.strip()]
 
 
 class SqliteStore:
@@ -87,9 +100,9 @@ class SqliteStore:
                 f"{self.path} has schema {version}, newer than this gpufleet "
                 f"({len(MIGRATIONS)}): upgrade gpufleet"
             )
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        for number in range(version + 1, len(MIGRATIONS) + 1):
             with self.batch():
-                for statement in filter(str.strip, script.split(";")):
+                for statement in statements(number, SQLITE_TYPES):
                     self.db.execute(statement)
                 self.db.execute(f"PRAGMA user_version={number}")
 
@@ -222,6 +235,9 @@ class SqliteStore:
                     "INSERT OR REPLACE INTO autoscale_windows VALUES (?, ?)",
                     (model, orjson.dumps(window)),
                 )
+
+    async def sync(self) -> None:
+        """Every change is committed as it is made here: nothing waits."""
 
     def close(self) -> None:
         self.db.close()

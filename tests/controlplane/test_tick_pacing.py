@@ -3,6 +3,7 @@ woken: after a tick that took T, it yields the loop for T before the next."""
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 from controlplane import server
 
@@ -39,7 +40,8 @@ def test_long_ticks_woken_back_to_back_each_leave_the_loop_as_long_as_they_took(
 
     async def main():
         monkeypatch.setattr(server.asyncio, "sleep", sleep)
-        ticker = asyncio.create_task(server.tick_loop(reconciler, wake, 1.0, {"ticks": 0}))
+        term = SimpleNamespace(reconciler=reconciler, wake=wake, stats={"ticks": 0})
+        ticker = asyncio.create_task(server.tick_loop(term, 1.0))
         while reconciler.ticks < 4:
             wake.set()  # every heartbeat changes something, and wakes the reconciler
             await real_sleep(0.001)
