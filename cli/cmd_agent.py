@@ -14,7 +14,12 @@ from controlplane.tokens import load_tokens
 
 
 @click.command("agent")
-@click.option("--server", "server_url", required=True, help="Control plane URL.")
+@click.option(
+    "--server",
+    "server_url",
+    required=True,
+    help="Control plane URL, or several, comma-separated: servers on one database (one leads).",
+)
 @click.option(
     "--ca-file",
     type=click.Path(exists=True, dir_okay=False),

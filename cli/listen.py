@@ -1,10 +1,13 @@
-"""HOST:PORT arguments, shared by every command that listens (and by gpurouter)."""
+"""HOST:PORT arguments, shared by every command that listens. The parsing is the router's
+(router/listen.py: the router is the lower room and imports nothing of gpuctl's)."""
 
 import click
 
+from router.listen import parse_listen as parse_host_port
+
 
 def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host or "127.0.0.1", int(port)
+    try:
+        return parse_host_port(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None

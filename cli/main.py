@@ -20,7 +20,8 @@ from cli.context import Context
     "--server",
     envvar="GPUCTL_SERVER",
     default=None,
-    help="Control plane URL (default: GPUCTL_SERVER, the config file, http://127.0.0.1:8081).",
+    help="Control plane URL, or several comma-separated (servers on one database: the call "
+    "follows the leader); default: GPUCTL_SERVER, the config file, http://127.0.0.1:8081.",
 )
 @click.option("--token", envvar="GPUCTL_TOKEN", default=None, help="Admin token.")
 @click.option(

@@ -34,7 +34,7 @@ class ActivityReporter:
     def __init__(
         self,
         session: aiohttp.ClientSession,
-        base_url: str,
+        control_planes,
         router_id: str,
         incarnation: str,
         table,
@@ -42,7 +42,7 @@ class ActivityReporter:
         started: float,
     ) -> None:
         self.session = session
-        self.url = base_url.rstrip("/") + "/v1/activity"
+        self.control_planes = control_planes  # router/leader.py
         self.router_id = router_id
         self.incarnation = incarnation
         self.table = table
@@ -63,13 +63,18 @@ class ActivityReporter:
         try:
             timeout = aiohttp.ClientTimeout(total=5)
             async with self.session.post(
-                self.url, data=body, headers=self.headers, timeout=timeout
+                self.control_planes.url + "/v1/activity",
+                data=body,
+                headers=self.headers,
+                timeout=timeout,
             ) as resp:
                 if resp.status >= 300:
                     raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                self.control_planes.answered(resp)
             self.failures = 0
             return True
         except Exception as exc:  # reports are best effort; the next tick tries again
+            self.control_planes.failed()
             self.failures += 1
             if self.failures in (1, 10) or self.failures % 100 == 0:
                 log.warning("activity report failed %d time(s): %s", self.failures, exc)
@@ -79,7 +84,7 @@ class ActivityReporter:
         """Tell the control plane at once that requests wait for `model`. Returns why it
         cannot be placed ("" when it can, or when the control plane could not be asked) and
         whether that is final (no room can be made for it: answer its requests now)."""
-        url = self.url.rsplit("/v1/", 1)[0] + "/v1/demand"
+        url = self.control_planes.url + "/v1/demand"
         try:
             timeout = aiohttp.ClientTimeout(total=10)
             body = orjson.dumps({"model": model, "waiting": waiting})
@@ -89,10 +94,12 @@ class ActivityReporter:
                 answer = await resp.json(content_type=None)
                 if resp.status >= 300:
                     raise RuntimeError(f"HTTP {resp.status}: {answer}")
+                self.control_planes.answered(resp)
             if answer.get("ready"):
                 return "", False
             # A control plane that does not say whether is one that makes no room: final.
             return str(answer.get("reason") or ""), bool(answer.get("final", True))
         except Exception as exc:  # the parked requests wait on; the next demand tries again
+            self.control_planes.failed()
             log.warning("demand for %s not heard: %s", model, exc)
             return "", False

@@ -12,8 +12,9 @@ import tempfile
 import click
 import yaml
 
-from cli.listen import parse_listen
 from router.context import ProxyConfig
+from router.leader import ControlPlanes
+from router.listen import parse_listen
 from router.routes import static_config
 from router.server import RouterServer, RouterSettings
 
@@ -50,7 +51,12 @@ def read_token(path: str | None) -> str | None:
     type=click.Path(exists=True, dir_okay=False),
     help="YAML file of {model: [url, ...]}.",
 )
-@click.option("--control-plane", metavar="URL", help="Follow this control plane's routes.")
+@click.option(
+    "--control-plane",
+    metavar="URL[,URL...]",
+    help="Follow this control plane's routes; several URLs: servers on one database, of which "
+    "the router follows the leader.",
+)
 @click.option(
     "--ca-file",
     type=click.Path(exists=True, dir_okay=False),
@@ -169,7 +175,12 @@ def main(
 ) -> None:
     """The gpufleet data plane: an OpenAI-compatible reverse proxy in front of model replicas."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    host, port = parse_listen(listen)
+    try:
+        host, port = parse_listen(listen)
+        if control_plane:
+            ControlPlanes(control_plane)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     try:
         routes, affinity_by_model = static_config(list(backends), routes_file)
     except (ValueError, KeyError, OSError) as exc:

@@ -125,14 +125,14 @@ class RouteWatcher:
     def __init__(
         self,
         session: aiohttp.ClientSession,
-        base_url: str,
+        control_planes,
         sink,
         token: str | None,
         wait_s: float = 30.0,
         on_change=None,
     ) -> None:
         self.session = session
-        self.base_url = base_url.rstrip("/")
+        self.control_planes = control_planes  # router/leader.py
         self.sink = sink
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.wait_s = wait_s
@@ -144,19 +144,24 @@ class RouteWatcher:
         backoff = 0.2
         while True:
             try:
-                url = f"{self.base_url}/v1/routes?after={self.version}&wait={self.wait_s}"
+                base = self.control_planes.url
+                url = f"{base}/v1/routes?after={self.version}&wait={self.wait_s}"
                 timeout = aiohttp.ClientTimeout(total=self.wait_s + 10)
                 async with self.session.get(url, headers=self.headers, timeout=timeout) as resp:
                     if resp.status != 200:
                         raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
                     table = await resp.json()
+                    self.control_planes.answered(resp)
                 backoff = 0.2
                 if table["version"] != self.version:
                     self.apply(table)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the control plane may be down: keep the last table
-                log.warning("route watch failed (%s); serving version %s", exc, self.version)
+                log.warning(
+                    "route watch of %s failed (%s); serving version %s", base, exc, self.version
+                )
+                self.control_planes.failed()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 

@@ -18,6 +18,7 @@ from router.catalog import ModelCatalog
 from router.context import ProxyConfig, ProxyContext
 from router.fastpath import EndpointTable
 from router.front import ClientConnection
+from router.leader import ControlPlanes
 from router.metrics import SharedMetrics
 from router.routes import RouteWatcher
 
@@ -111,9 +112,10 @@ class RouterServer:
         )
         session = aiohttp.ClientSession(connector=control_plane_connector(settings.ca_file))
         if settings.control_plane:
+            control_planes = ControlPlanes(settings.control_plane)
             self.reporter = ActivityReporter(
                 session,
-                settings.control_plane,
+                control_planes,
                 self.router_id,
                 self.incarnation,
                 self.table,
@@ -132,7 +134,7 @@ class RouterServer:
 
             watcher = RouteWatcher(
                 session,
-                settings.control_plane,
+                control_planes,
                 self.table,
                 settings.token,
                 on_change=routes_changed,

@@ -30,31 +30,52 @@ class ControlPlaneError(Exception):
 
 
 class ControlPlaneClient:
+    """Posts to the control plane. `servers`: one URL or a comma-separated list of servers on
+    one database; the agent sticks to the one that answers, moves to where a standby's 307
+    sends it, and tries the next after a failure: a failover costs it one heartbeat."""
+
     def __init__(
-        self, session: aiohttp.ClientSession, base_url: str, token: str | None, ssl=None
+        self, session: aiohttp.ClientSession, servers: str, token: str | None, ssl=None
     ) -> None:
         self.session = session
-        self.base_url = base_url.rstrip("/")
+        self.servers = [url.strip().rstrip("/") for url in servers.split(",") if url.strip()]
+        self.current = 0
         self.token = token  # the agent (bootstrap) token
         self.ssl = ssl  # an SSLContext that trusts the control plane's CA, or None
+
+    @property
+    def base_url(self) -> str:
+        return self.servers[self.current]
 
     async def post(self, path: str, body: dict, token: str | None = None) -> dict:
         token = token or self.token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        async with self.session.post(
-            self.base_url + path,
-            json=body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=10),
-            ssl=self.ssl if self.ssl is not None else True,
-        ) as resp:
-            answer = await resp.json(content_type=None)
-            if resp.status >= 300:
-                message = (
-                    answer.get("error", {}).get("message") if isinstance(answer, dict) else answer
-                )
-                raise ControlPlaneError(resp.status, str(message))
-            return answer
+        try:
+            async with self.session.post(
+                self.base_url + path,
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=10),
+                ssl=self.ssl if self.ssl is not None else True,
+            ) as resp:
+                answer = await resp.json(content_type=None)
+                if resp.history:
+                    self._lead_at(resp.url)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            self.current = (self.current + 1) % len(self.servers)
+            raise
+        if resp.status >= 300:
+            if resp.status == 503:  # a standby in an election, or a leader that lost its store
+                self.current = (self.current + 1) % len(self.servers)
+            message = answer.get("error", {}).get("message") if isinstance(answer, dict) else answer
+            raise ControlPlaneError(resp.status, str(message))
+        return answer
+
+    def _lead_at(self, url) -> None:
+        leader = str(url.origin())
+        if leader not in self.servers:
+            self.servers.append(leader)
+        self.current = self.servers.index(leader)
 
 
 class Credential:

@@ -10,6 +10,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.leader import ControlPlanes
 from router.routes import RouteWatcher
 from tests.harness import BIN, free_port, get, post, wait_until
 
@@ -147,7 +148,7 @@ def test_a_routes_file_with_a_bad_url_keeps_the_last_good_table(procs, tmp_path)
 
 def test_a_bad_url_from_the_control_plane_is_left_out_with_a_log_line(caplog, fastpath):
     table = fastpath.EndpointTable()
-    watcher = RouteWatcher(None, "http://127.0.0.1:1", table, None)
+    watcher = RouteWatcher(None, ControlPlanes("http://127.0.0.1:1"), table, None)
     routes = {
         "m": [
             {"id": "good", "url": "http://127.0.0.1:9000"},

@@ -1,0 +1,38 @@
+"""The control planes a router follows: one URL or several, of which one leads.
+
+With several servers on one database only the leader acts; a standby answers 307 to it (which
+aiohttp follows, method and body kept) or 503 during an election. A router starts at the first
+URL, keeps the one that answered, moves to the one a redirect led to, and tries the next URL
+after a failure, so that a failover costs it one failed call per task, never its table."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+
+class ControlPlanes:
+    def __init__(self, urls: str) -> None:
+        self.urls = [url.strip().rstrip("/") for url in urls.split(",") if url.strip()]
+        if not self.urls:
+            raise ValueError("no control plane URL given")
+        for url in self.urls:
+            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        self.current = 0
+
+    @property
+    def url(self) -> str:
+        return self.urls[self.current]
+
+    def answered(self, response) -> None:
+        """After an answer: if a standby redirected the call, the leader is where it went."""
+        if not response.history:
+            return
+        final = urlsplit(str(response.url))
+        leader = f"{final.scheme}://{final.netloc}"
+        if leader not in self.urls:
+            self.urls.append(leader)
+        self.current = self.urls.index(leader)
+
+    def failed(self) -> None:
+        self.current = (self.current + 1) % len(self.urls)
