@@ -19,3 +19,23 @@ def procs(tmp_path):
     started = Processes(tmp_path)
     yield started
     started.stop_all()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One PostgreSQL server for the whole run (tests/postgres.py); each test that wants one
+    gets a database of its own on it (`postgres_dsn`)."""
+    from tests.postgres import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server, request):
+    import re
+
+    name = "t_" + re.sub(r"\W", "_", request.node.name.lower())[:50]
+    postgres_server.create_database(name)
+    return postgres_server.dsn_of(name)

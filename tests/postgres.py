@@ -32,7 +32,33 @@ class PostgresServer:
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.dsn_of("postgres")
+
+    def dsn_of(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> None:
+        """A fresh, empty database `name` (dropped first if a rerun left one)."""
+        self.psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"')
+
+    def psql(self, *statements: str, database: str = "postgres") -> str:
+        answer = subprocess.run(
+            [
+                str(PG_BIN / "psql"),
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                self.dsn_of(database),
+            ]
+            + [arg for statement in statements for arg in ("-c", statement)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return answer.stdout
 
     def _run(self, argv: list[str]) -> None:
         command = [str(PG_BIN / argv[0]), *argv[1:]]
