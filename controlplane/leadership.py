@@ -68,13 +68,16 @@ class Elected:
 
     @property
     def leader_url(self) -> str | None:
-        return self.lease.leader_url
+        """Where a standby sends callers; never itself (a leader past its deadline, not yet
+        stepped down, still has its own URL as the last it read)."""
+        url = self.lease.leader_url
+        return None if url == self.lease.url else url
 
     def describe(self) -> dict:
         leading = self.term is not None
         return {
             "leader": leading,
-            "url": self.lease.url if leading else self.lease.leader_url,
+            "url": self.lease.url if leading else self.leader_url,
             "epoch": self.term.epoch if leading else None,
             "holder": self.lease.holder,
             "store": "postgresql",
