@@ -18,6 +18,12 @@ from cli.up import FleetUp
     show_default=True,
     help="State, tokens and logs; re-running reuses them.",
 )
+@click.option(
+    "--state",
+    default=None,
+    help="The control plane's state: a SQLite file (default: state.sqlite in --dir) or a "
+    "postgresql:// URL.",
+)
 @click.option("--server-listen", default="127.0.0.1:8081", show_default=True)
 @click.option("--router-listen", default="127.0.0.1:8080", show_default=True)
 @click.option(
@@ -53,6 +59,7 @@ from cli.up import FleetUp
 )
 def up(
     workdir,
+    state,
     server_listen,
     router_listen,
     sim_admin_listen,
@@ -73,6 +80,7 @@ def up(
         tick_s,
         click.echo,
         tls,
+        state,
     )
 
     def ask_to_stop(signum, frame):

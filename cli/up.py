@@ -18,6 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import click
 
@@ -131,6 +132,16 @@ class Part:
     next_start: float = 0.0  # when a part that died is started again (0: running)
 
 
+def redact_password(state: str) -> str:
+    """A postgresql:// URL as it may be shown: without its password."""
+    parts = urlsplit(state)
+    if not parts.password:
+        return state
+    return urlunsplit(
+        parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@"))
+    )
+
+
 class FleetUp:
     def __init__(
         self,
@@ -143,8 +154,11 @@ class FleetUp:
         tick_s: float,
         echo,
         tls: bool = False,
+        state: str | None = None,
     ) -> None:
         self.dir = workdir.resolve()
+        # A SQLite file in the fleet's directory, or a postgresql:// URL
+        self.state = state or str(self.dir / "state.sqlite")
         self.logs = self.dir / "logs"
         self.pids = self.dir / "pids"
         self.tls = tls
@@ -207,14 +221,15 @@ class FleetUp:
                     "--listen",
                     f"{server_host}:{server_port}",
                     "--state",
-                    str(self.dir / "state.sqlite"),
+                    self.state,
                     "--token-file",
                     str(token_file),
                     "--node-timeout",
                     "10",
                     *server_tls,
                 ],
-                self.server_url + "/healthz",
+                # 200 once it leads: at once on SQLite, after its election on PostgreSQL
+                self.server_url + "/v1/leader",
             ),
             Part(
                 "agent",
@@ -362,7 +377,8 @@ class FleetUp:
             "gpufleet is up" + (" on a simulated fleet" if self.simulated else ""),
             f"  router         {self.router_url}   (OpenAI-compatible: {self.router_url}/v1)",
             f"  control plane  {self.server_url}",
-            f"  state, logs    {self.dir}",
+            f"  state          {redact_password(self.state)}",
+            f"  logs           {self.logs}",
             "",
             "Try, in another terminal:",
             "  gpuctl status",

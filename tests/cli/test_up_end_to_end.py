@@ -225,3 +225,27 @@ def test_gpuctl_up_over_tls_with_its_own_ca(tmp_path):
         assert "certificate this client does not trust" in stranger.stderr, stranger.stderr
     finally:
         fleet.stop()
+
+
+def test_gpuctl_up_on_postgresql(tmp_path, postgres_dsn):
+    fleet = Up(tmp_path, "--state", postgres_dsn)
+    try:
+        fleet.wait_up()
+        assert f"state          {postgres_dsn}" in fleet.output()
+        status = subprocess.run(
+            [str(BIN / "gpuctl"), "status", "-o", "json"],
+            env=fleet.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["nodes"]["ready"] == 4
+        api = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{fleet.ports['router']}/v1", api_key="-", max_retries=0
+        )
+        answer = api.chat.completions.create(model="llama-3.1-8b", messages=[])
+        assert answer.choices[0].message.content
+    finally:
+        fleet.stop()
+    assert not (tmp_path / "fleet" / "state.sqlite").exists(), "the state is in PostgreSQL"
