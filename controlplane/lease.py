@@ -22,7 +22,7 @@ TAKE = """UPDATE leader_lease
     SET holder = $1, url = $2, epoch = epoch + 1, won_at = now(),
         expires_at = now() + $3 * interval '1 second'
     WHERE id = 1 AND expires_at <= now()
-    RETURNING epoch"""
+    RETURNING epoch, extract(epoch from now())::float8"""
 RENEW = """UPDATE leader_lease SET expires_at = now() + $3 * interval '1 second'
     WHERE id = 1 AND holder = $1 AND epoch = $2 AND expires_at > now()
     RETURNING epoch"""
@@ -41,13 +41,17 @@ class Lease:
         ttl_s: float = 5.0,
         renew_s: float = 1.0,
         clock=time.monotonic,
+        wall=time.time,
     ) -> None:
         if not 0 < renew_s < ttl_s:
             raise ValueError("the lease must be renewed more often than it expires")
         self.pool, self.holder, self.url = pool, holder, url
         self.ttl_s, self.renew_s = ttl_s, renew_s
         self.margin_s = min(0.5, ttl_s / 4)
-        self.clock = clock
+        self.clock, self.wall = clock, wall
+        # The database's clock less this host's, learnt as the lease is won: what a leader
+        # stores is on the database's clock, so that two hosts' clocks are never compared.
+        self.clock_offset_s = 0.0
         self.epoch: int | None = None  # while this server leads
         self.deadline = float("-inf")
         self.leader_url: str | None = None  # whoever leads, as last read
@@ -60,11 +64,15 @@ class Lease:
     async def campaign(self) -> int:
         """Wait until this server leads; returns its epoch."""
         while True:
-            sent = self.clock()
+            sent, sent_wall = self.clock(), self.wall()
             try:
                 async with self.pool.acquire(timeout=self.renew_s) as conn:
-                    epoch = await conn.fetchval(TAKE, self.holder, self.url, self.ttl_s)
-                    if epoch is None:
+                    won = await conn.fetchrow(TAKE, self.holder, self.url, self.ttl_s)
+                    epoch = won[0] if won else None
+                    if epoch is not None:
+                        # now() is the transaction's start: between the send and the answer
+                        self.clock_offset_s = won[1] - (sent_wall + self.wall()) / 2
+                    else:
                         url, _, live = await conn.fetchrow(WHO)
                         self.leader_url = url if live and url else None
             except DB_ERRORS as exc:

@@ -60,9 +60,15 @@ def on_postgresql(state: str) -> bool:
     return state.startswith(("postgresql://", "postgres://"))
 
 
-def begin_term(store, settings: Settings, epoch: int = 0) -> Term:
-    """A leader's working state, loaded whole from `store`."""
-    fleet = Fleet(store, IdleTracker(live_window_s=settings.router_live_s, clock=time.time))
+def begin_term(store, settings: Settings, epoch: int = 0, clock_offset_s: float = 0.0) -> Term:
+    """A leader's working state, loaded whole from `store`. `clock_offset_s`: the database's
+    clock less this host's; the term's wall clock (every time it keeps) is the database's."""
+
+    def wall() -> float:
+        return time.time() + clock_offset_s
+
+    idle = IdleTracker(live_window_s=settings.router_live_s, clock=wall)
+    fleet = Fleet(store, idle, wall=wall)
     reconciler = Reconciler(
         fleet,
         node_timeout_s=settings.node_timeout_s,
@@ -165,7 +171,7 @@ async def lead(settings, pool, lease: Lease, leadership: Elected, epoch: int, st
     holding = asyncio.create_task(lease.hold())
     try:
         await store.start()
-        term = begin_term(store, settings, epoch)
+        term = begin_term(store, settings, epoch, lease.clock_offset_s)
     except Exception as exc:  # the database went away while the state loaded
         log.error("could not load the state to lead: %s", exc)
         holding.cancel()
