@@ -60,6 +60,9 @@ class Router:
     # The watch a predecessor that said goodbye handed on, for replicas this incarnation has
     # not reported yet (its first report can come before its routing table).
     inherited: dict[str, float] = field(default_factory=dict)
+    # Loaded from the store by a control plane that started (or took over as leader) and has
+    # not heard it since: silent until it reports, however recent its last report.
+    restored: bool = False
 
     def may_route_to(self, replica: str) -> bool:
         """Whether, silent, it may be routing to `replica` unseen: it was in its last watch, or
@@ -70,7 +73,7 @@ class Router:
     def state(self, now: float, live_window_s: float) -> RouterState:
         if self.goodbye:
             return RouterState.GONE
-        if now - self.received_at <= live_window_s:
+        if not self.restored and now - self.received_at <= live_window_s:
             return RouterState.LIVE
         return RouterState.SILENT
 
@@ -91,7 +94,7 @@ class Router:
     @classmethod
     def from_dict(cls, body: dict) -> Router:
         # Requests in flight and waiting are news of the moment: not kept across restarts.
-        return cls(**{**body, "in_flight": {}, "waiting": {}})
+        return cls(**{**body, "in_flight": {}, "waiting": {}, "restored": True})
 
 
 @dataclass
@@ -216,6 +219,7 @@ class IdleTracker:
                     for replica, seconds in report.watched.items()
                 }
             known.received_at = now
+            known.restored = False
             known.uptime_s = report.uptime_s
             if report.goodbye and not known.goodbye:
                 self.dirty_routers.add(report.router)

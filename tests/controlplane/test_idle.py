@@ -154,3 +154,23 @@ def test_malformed_reports_are_refused_and_change_nothing(body, field):
         idle.report(body)
     assert refused.value.field == field
     assert (dict(idle.last_used_at), {k: r.to_dict() for k, r in idle.routers.items()}) == before
+
+
+def test_a_router_loaded_from_the_store_is_silent_until_it_reports():
+    # A control plane that restarts, or a standby that takes over, heard nothing yet: a report
+    # a second old, made to its predecessor, says nothing of what the router does now.
+    from controlplane.idle import Router, RouterState
+
+    clock = Clock()
+    before = IdleTracker(clock=clock, live_window_s=10)
+    before.report(report("r1", watched={"a": 3600}, used={"a": 3000}))
+    clock.advance(1)
+    after = IdleTracker(clock=clock, live_window_s=10)
+    after.load(
+        before.last_used_at, [Router.from_dict(r.to_dict()) for r in before.routers.values()]
+    )
+    assert after.routers["r1"].state(clock(), 10) is RouterState.SILENT
+    assert after.idle_for("a")[1] == IdleState.UNKNOWN
+    after.report(report("r1", watched={"a": 3601}, used={"a": 3001}))
+    assert after.routers["r1"].state(clock(), 10) is RouterState.LIVE
+    assert after.idle_for("a") == (3001.0, IdleState.EXACT)
