@@ -108,11 +108,13 @@ async def migrate(pool: asyncpg.Pool) -> int:
 
 
 class PostgresStore:
-    def __init__(self, pool: asyncpg.Pool, epoch: int) -> None:
+    def __init__(self, pool: asyncpg.Pool, epoch: int, may_write=lambda: True) -> None:
         """A store for one term of leadership, elected with `epoch`; `await start()` loads
-        the state and starts the writer."""
+        the state and starts the writer. `may_write`: False once the lease's deadline has
+        passed, when the leader stops writing even before anyone takes over."""
         self.pool = pool
         self.epoch = epoch
+        self.may_write = may_write
         self.rows: dict[str, list] = {}
         self.queue: list[list[tuple[str, tuple]]] = []  # transactions not yet sent
         self.current: list[tuple[str, tuple]] | None = None  # the open batch's statements
@@ -272,6 +274,8 @@ class PostgresStore:
     async def _commit(self, changes: list[tuple[str, tuple]]) -> None:
         """One transaction for everything queued since the last: runs of one statement are
         sent as one executemany, so a tick that writes a thousand rows is a few round trips."""
+        if not self.may_write():
+            raise Fenced(f"the lease of epoch {self.epoch} ran out before it was renewed")
         async with self.pool.acquire() as conn, conn.transaction():
             epoch = await conn.fetchval(FENCE)
             if epoch != self.epoch:

@@ -167,7 +167,7 @@ async def serve_elected(settings: Settings, stop: asyncio.Event) -> None:
 async def lead(settings, pool, lease: Lease, leadership: Elected, epoch: int, stopping) -> None:
     """One term: load the state, act until the lease, the store or the process ends it."""
     started = time.perf_counter()
-    store = PostgresStore(pool, epoch)
+    store = PostgresStore(pool, epoch, lambda: lease.held)
     holding = asyncio.create_task(lease.hold())
     try:
         await store.start()

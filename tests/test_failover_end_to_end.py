@@ -301,3 +301,33 @@ def test_postgresql_restarted_under_the_leader_refuses_writes_then_resumes(procs
     finally:
         procs.stop_all()
         database.close()
+
+
+def test_a_standby_redirects_to_the_leader_and_a_clean_stop_hands_over_at_once(
+    procs, tmp_path, postgres_dsn
+):
+    cluster = Cluster(procs, tmp_path, postgres_dsn, servers=2, agent=False)
+    leader = cluster.leader_port()
+    standby = next(port for port in cluster.ports if port != leader)
+    status, about = call("GET", cluster.url(standby) + "/v1/leader")
+    assert (status, about["leader"], about["url"]) == (503, False, cluster.url(leader))
+    status, headers, _ = post(
+        cluster.url(standby) + "/v1/models?dry_run=true",
+        json.dumps(unplaceable("m", 1)).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert status == 307 and headers["Location"] == cluster.url(leader) + "/v1/models?dry_run=true"
+    spec_file = tmp_path / "m.yaml"
+    spec_file.write_text(yaml.safe_dump(unplaceable("m", 1)))
+    # gpuctl asks the standby first, and follows its 307 with the body
+    reversed_list = f"{cluster.url(standby)},{cluster.url(leader)}"
+    applied = CliRunner().invoke(gpuctl, ["--server", reversed_list, "apply", "-f", str(spec_file)])
+    assert applied.exit_code == 0, applied.output
+
+    stopped_at = time.monotonic()
+    assert procs.terminate(cluster.servers[leader]) == 0
+    assert cluster.leader_port(timeout=10, besides=leader) == standby
+    handed_over_in = time.monotonic() - stopped_at
+    assert handed_over_in < LEASE_TTL_S, f"released, not left to expire: {handed_over_in:.2f} s"
+    models = call("GET", cluster.url(standby) + "/v1/models")[1]["items"]
+    assert [m["name"] for m in models] == ["m"]
