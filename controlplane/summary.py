@@ -213,6 +213,7 @@ def _node_numbers(snap: FleetSnapshot) -> dict:
     fabric_classes: dict[tuple[str, str], dict[str, int]] = defaultdict(_group)
     counts = dict.fromkeys(("total", "ready", "not_ready", "cordoned", "draining"), 0)
     unhealthy, not_ready = [], []
+    sick: dict[str, object] = {}  # nodes with an unhealthy GPU
     for node in sorted(snap.nodes, key=lambda n: n.name):
         by_class = node_capacity(node, held.get(node.name, NO_GPUS))
         for gpu_class, tally in by_class.items():
@@ -234,11 +235,13 @@ def _node_numbers(snap: FleetSnapshot) -> dict:
             counts[str(node.schedulable)] += 1
         if not node.ready:
             not_ready.append({"name": node.name, "fabric": node.fabric})
-        unhealthy.extend(
-            {"node": node.name, "index": g.index, "reason": g.reason}
-            for g in node.gpus
-            if not g.healthy
-        )
+        if any(tally[UNHEALTHY] for tally in by_class.values()):
+            sick[node.name] = node
+            unhealthy.extend(
+                {"node": node.name, "index": g.index, "reason": g.reason}
+                for g in node.gpus
+                if not g.healthy
+            )
     return {
         "capacity": {
             k: dict(zip(CAPACITY_KEYS, v, strict=True)) for k, v in sorted(capacity.items())
@@ -251,7 +254,12 @@ def _node_numbers(snap: FleetSnapshot) -> dict:
         "nodes": counts,
         "unhealthy_gpus": unhealthy,
         "not_ready_nodes": not_ready,
+        "sick": sick,
     }
+
+
+def by_model_and_id(row: dict) -> tuple[str, str]:
+    return row["model"], row["id"]
 
 
 IDLE_KEYS = ("id", "model", "state", "nodes", "gpus", "idle_s", "idle_state")
@@ -259,15 +267,16 @@ DEGRADED_KEYS = ("id", "model", "nodes", "reason", "gpus", "gpus_unhealthy")
 FAILED_KEYS = ("id", "model", "nodes", "reason", "exit_code")
 
 
-def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None) -> dict:
+def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None, sick: dict) -> dict:
     """The summary's replica numbers. A full row is built only for a replica the summary
-    lists (idle, degraded, failed); the rest are counted."""
-    nodes = {n.name: n for n in snap.nodes}
+    lists (idle, degraded, failed); the rest are counted. `sick`: the nodes with an unhealthy
+    GPU, the only ones where a replica's GPUs can be at fault."""
+    nodes = sick
     thresholds = {spec.name: spec.idle_after_s for spec in snap.specs}
     by_state: Counter[str] = Counter()
     idle, degraded, failed = [], [], []
     retiring_gpus = unknown = unknown_by_silence = 0
-    for replica in sorted(snap.replicas, key=lambda r: (r.model, r.id)):
+    for replica in snap.replicas:
         shown, _ = shown_state(replica, nodes)
         by_state[shown] += 1
         if shown == str(ReplicaState.RETIRING):
@@ -289,6 +298,8 @@ def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None) -> dict:
         if round(seconds, 1) >= threshold:
             idle.append(replica_row(snap, replica, nodes))
     idle.sort(key=lambda r: (-r["gpus"], -r["idle_s"], r["id"]))
+    degraded.sort(key=by_model_and_id)
+    failed.sort(key=by_model_and_id)
     return {
         "replicas": {"total": len(snap.replicas), "by_state": dict(sorted(by_state.items()))},
         "retiring_gpus": retiring_gpus,
@@ -307,7 +318,7 @@ def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None) -> dict:
 def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
     """The numbers of `gpuctl status`. `idle_after_s` None: each model's own threshold."""
     fleet = _node_numbers(snap)
-    replicas = _replica_numbers(snap, idle_after_s)
+    replicas = _replica_numbers(snap, idle_after_s, fleet["sick"])
     models = model_rows(snap)
     return {
         "capacity": fleet["capacity"],
