@@ -14,42 +14,29 @@ from controlplane.fleet import FleetSnapshot
 from controlplane.idle import IdleState
 from controlplane.model import HOLDING, ReplicaState, Schedulable, gpu_faults
 from controlplane.placement import eligible
+from controlplane.shapes import (
+    CAPACITY_KEYS,
+    FREE,
+    TOTAL,
+    Shapes,
+    node_capacity,
+)
 
-CAPACITY_KEYS = ("used", "free", "unavailable", "unhealthy", "total")
 ROUTER_STATES = ("live", "silent", "gone")
 
 
-def _held(snap: FleetSnapshot) -> dict[str, set[int]]:
+def _held(snap: FleetSnapshot) -> dict[str, frozenset[int]]:
     """The GPU indexes held on each node."""
     held: dict[str, set[int]] = defaultdict(set)
     for r in snap.replicas:
         if r.state in HOLDING:
             for piece in r.placement:
                 held[piece.node].update(piece.gpus)
-    return held
+    return {node: frozenset(indexes) for node, indexes in held.items()}
 
 
 NO_GPUS: frozenset[int] = frozenset()
-USED, FREE, UNAVAILABLE, UNHEALTHY, TOTAL = range(len(CAPACITY_KEYS))
-
-
-def node_capacity(node, held: set[int] | frozenset[int]) -> dict[str, list[int]]:
-    """`node`'s GPUs per class, counted as CAPACITY_KEYS, with `held` the indexes held on it.
-    This is the one place a card is classified, for the rows and for the summary alike."""
-    by_class: dict[str, list[int]] = {}
-    spare = FREE if eligible(node) else UNAVAILABLE
-    for gpu in node.gpus:
-        counts = by_class.get(gpu.gpu_class)
-        if counts is None:
-            counts = by_class[gpu.gpu_class] = [0, 0, 0, 0, 0]
-        counts[TOTAL] += 1
-        if not gpu.healthy:
-            counts[UNHEALTHY] += 1
-        elif gpu.index in held:
-            counts[USED] += 1
-        else:
-            counts[spare] += 1
-    return by_class
+SHAPES = Shapes()  # kept across summaries (controlplane/shapes.py)
 
 
 def node_status(node) -> str:
@@ -203,45 +190,46 @@ def _group() -> dict[str, int]:
 
 
 def _node_numbers(snap: FleetSnapshot) -> dict:
-    """The summary's node and capacity numbers, in one pass over the nodes and without their
-    rows: at 16,000 nodes the rows are most of the cost of a summary."""
+    """The summary's node and capacity numbers: nodes are counted by shape (fabric, state, GPU
+    tallies), each node's shape kept from the summary before unless it changed."""
     held = _held(snap)
-    capacity: dict[str, list[int]] = defaultdict(lambda: [0] * len(CAPACITY_KEYS))
-    fabrics: dict[str, dict[str, int]] = defaultdict(_group)
-    # Free cards on another fabric or of another class are no capacity for a model that spans
-    # nodes: whole free nodes count per (fabric, GPU class).
-    fabric_classes: dict[tuple[str, str], dict[str, int]] = defaultdict(_group)
-    counts = dict.fromkeys(("total", "ready", "not_ready", "cordoned", "draining"), 0)
+    shapes: Counter = Counter()
     unhealthy, not_ready = [], []
     sick: dict[str, object] = {}  # nodes with an unhealthy GPU
     for node in sorted(snap.nodes, key=lambda n: n.name):
-        by_class = node_capacity(node, held.get(node.name, NO_GPUS))
-        for gpu_class, tally in by_class.items():
-            column = capacity[gpu_class]
-            for key, n in enumerate(tally):
-                column[key] += n
-        whole_free = (
-            eligible(node)
-            and bool(node.gpus)
-            and all(tally[FREE] == tally[TOTAL] for tally in by_class.values())
-        )
-        for group in [fabrics[node.fabric]] + [fabric_classes[(node.fabric, c)] for c in by_class]:
-            group["nodes"] += 1
-            group["ready"] += node.ready
-            group["whole_free"] += whole_free
-        counts["total"] += 1
-        counts["ready" if node.ready else "not_ready"] += 1
-        if node.schedulable != Schedulable.SCHEDULABLE:
-            counts[str(node.schedulable)] += 1
-        if not node.ready:
+        shape = SHAPES.of(node, held.get(node.name, NO_GPUS))
+        shapes[shape] += 1
+        if not shape.ready:
             not_ready.append({"name": node.name, "fabric": node.fabric})
-        if any(tally[UNHEALTHY] for tally in by_class.values()):
+        if shape.sick:
             sick[node.name] = node
             unhealthy.extend(
                 {"node": node.name, "index": g.index, "reason": g.reason}
                 for g in node.gpus
                 if not g.healthy
             )
+    SHAPES.keep_only(len(snap.nodes))
+    capacity: dict[str, list[int]] = defaultdict(lambda: [0] * len(CAPACITY_KEYS))
+    fabrics: dict[str, dict[str, int]] = defaultdict(_group)
+    # Free cards on another fabric or of another class are no capacity for a model that spans
+    # nodes: whole free nodes count per (fabric, GPU class).
+    fabric_classes: dict[tuple[str, str], dict[str, int]] = defaultdict(_group)
+    counts = dict.fromkeys(("total", "ready", "not_ready", "cordoned", "draining"), 0)
+    for shape, n in shapes.items():
+        for gpu_class, tally in shape.tallies:
+            column = capacity[gpu_class]
+            for key, count in enumerate(tally):
+                column[key] += count * n
+        groups = [fabrics[shape.fabric]]
+        groups += [fabric_classes[(shape.fabric, c)] for c, _ in shape.tallies]
+        for group in groups:
+            group["nodes"] += n
+            group["ready"] += shape.ready * n
+            group["whole_free"] += shape.whole_free * n
+        counts["total"] += n
+        counts["ready" if shape.ready else "not_ready"] += n
+        if shape.schedulable != Schedulable.SCHEDULABLE:
+            counts[shape.schedulable] += n
     return {
         "capacity": {
             k: dict(zip(CAPACITY_KEYS, v, strict=True)) for k, v in sorted(capacity.items())

@@ -173,3 +173,45 @@ def test_a_snapshot_is_one_moment_even_as_a_router_falls_silent(tmp_path):
             counts = summary(snap)["routers"]
             assert (counts["silent"], counts["unknown_replicas"]) in ((0, 0), (1, 2))
             store.close()
+
+
+def capacity_from_rows(snap) -> dict:
+    totals: dict = {}
+    for row in node_rows(snap):
+        for gpu_class, counts in row["gpus_by_class"].items():
+            into = totals.setdefault(gpu_class, dict.fromkeys(counts, 0))
+            for key, n in counts.items():
+                into[key] += n
+    return totals
+
+
+def test_a_node_kept_from_the_last_summary_is_counted_again_once_it_changes(make_fleet):
+    # The summary keeps each node's shape across snapshots (controlplane/shapes.py); every
+    # kind of change to a node must still reach the next summary.
+    from tests.controlplane.conftest import make_node, spec
+
+    fleet, reconciler = make_fleet()
+    for name in ("n1", "n2"):
+        fleet.register(make_node(name, gpus=4))
+
+    def check():
+        snap = fleet.snapshot()
+        result = summary(snap)
+        assert result["capacity"] == capacity_from_rows(snap)
+        return result
+
+    assert check()["capacity"]["H100-80GB"]["free"] == 8
+    fleet.heartbeat("n1", {"gpus": [{"index": 0, "healthy": False, "reason": "Xid 79"}]})
+    result = check()
+    assert result["capacity"]["H100-80GB"]["unhealthy"] == 1
+    assert result["unhealthy_gpus"] == [{"node": "n1", "index": 0, "reason": "Xid 79"}]
+    fleet.set_schedulable("n2", Schedulable.CORDONED)
+    assert check()["capacity"]["H100-80GB"]["unavailable"] == 4
+    fleet.set_schedulable("n2", Schedulable.SCHEDULABLE)
+    fleet.apply(spec(name="m", gpus_per_replica=2, replicas=1))
+    reconciler.tick()
+    result = check()
+    assert result["capacity"]["H100-80GB"]["used"] == 2
+    fleet.nodes["n2"].ready = False  # what the reconciler does when heartbeats stop
+    result = check()
+    assert result["nodes"]["not_ready"] == 1 and result["not_ready_nodes"][0]["name"] == "n2"
