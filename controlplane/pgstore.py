@@ -190,9 +190,8 @@ class PostgresStore:
 
     def delete_spec(self, name: str) -> None:
         with self.batch():
-            for table, key in (("specs", "name"), ("scaled", "model")):
-                self._write(f"DELETE FROM {table} WHERE {key} = $1", name)
-            self._write("DELETE FROM autoscale_windows WHERE model = $1", name)
+            for table in ("specs", "scaled", "autoscale_windows"):
+                self._put_or_delete(table, name, None)
 
     def put_node(self, node: Node) -> None:
         self._write(UPSERT["nodes"], node.name, orjson.dumps(node.to_dict()))
@@ -211,11 +210,15 @@ class PostgresStore:
             for replica, at in last_used.items():
                 self._write(UPSERT["last_used"], replica, at)
 
-    def put_scaled(self, model: str, replicas: int | None) -> None:
-        if replicas is None:
-            self._write("DELETE FROM scaled WHERE model = $1", model)
+    def _put_or_delete(self, table: str, key: str, value) -> None:
+        """The row of `key` in `table` holds `value`, or is gone when `value` is None."""
+        if value is None:
+            self._write(f"DELETE FROM {table} WHERE {COLUMNS[table][0]} = $1", key)
         else:
-            self._write(UPSERT["scaled"], model, replicas)
+            self._write(UPSERT[table], key, value)
+
+    def put_scaled(self, model: str, replicas: int | None) -> None:
+        self._put_or_delete("scaled", model, replicas)
 
     def put_routers(self, routers: list[dict], removed: list[str], gaps: dict) -> None:
         with self.batch():
@@ -227,10 +230,7 @@ class PostgresStore:
                 self._write(UPSERT["unseen_until"], replica, at)
 
     def put_credential(self, node: str, digest: str | None) -> None:
-        if digest is None:
-            self._write("DELETE FROM node_credentials WHERE node = $1", node)
-        else:
-            self._write(UPSERT["node_credentials"], node, digest)
+        self._put_or_delete("node_credentials", node, digest)
 
     def delete_node(self, name: str) -> None:
         with self.batch():
@@ -238,10 +238,9 @@ class PostgresStore:
             self._write("DELETE FROM node_credentials WHERE node = $1", name)
 
     def put_window(self, model: str, window: dict | None) -> None:
-        if window is None:
-            self._write("DELETE FROM autoscale_windows WHERE model = $1", model)
-        else:
-            self._write(UPSERT["autoscale_windows"], model, orjson.dumps(window))
+        self._put_or_delete(
+            "autoscale_windows", model, None if window is None else orjson.dumps(window)
+        )
 
     # commits
 
