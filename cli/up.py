@@ -18,13 +18,13 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 
 from cli import client
 from cli.config import write_config
 from cli.tls import make_certificates
+from controlplane.store import without_password
 from controlplane.tokens import load_tokens, write_tokens
 
 DEMO_COMMAND = [
@@ -130,16 +130,6 @@ class Part:
     proc: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
     next_start: float = 0.0  # when a part that died is started again (0: running)
-
-
-def redact_password(state: str) -> str:
-    """A postgresql:// URL as it may be shown: without its password."""
-    parts = urlsplit(state)
-    if not parts.password:
-        return state
-    return urlunsplit(
-        parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@"))
-    )
 
 
 class FleetUp:
@@ -377,7 +367,7 @@ class FleetUp:
             "gpufleet is up" + (" on a simulated fleet" if self.simulated else ""),
             f"  router         {self.router_url}   (OpenAI-compatible: {self.router_url}/v1)",
             f"  control plane  {self.server_url}",
-            f"  state          {redact_password(self.state)}",
+            f"  state          {without_password(self.state)}",
             f"  logs           {self.logs}",
             "",
             "Try, in another terminal:",

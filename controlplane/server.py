@@ -18,11 +18,11 @@ from controlplane.api import build_app
 from controlplane.fleet import Fleet
 from controlplane.idle import IdleTracker
 from controlplane.leadership import Elected, Sole, Term
-from controlplane.lease import Lease
+from controlplane.lease import DB_ERRORS, Lease
 from controlplane.looplag import watch_loop_lag
 from controlplane.pgstore import PostgresStore, connect_pool, migrate
 from controlplane.reconciler import Reconciler
-from controlplane.store import SqliteStore
+from controlplane.store import SqliteStore, without_password
 
 log = logging.getLogger("gpufleet.server")
 # A fleet's state is millions of long-lived objects, and each view's snapshot allocates hundreds
@@ -136,7 +136,11 @@ async def serve_sole(settings: Settings, stop: asyncio.Event) -> None:
 async def serve_elected(settings: Settings, stop: asyncio.Event) -> None:
     """One of several servers on one database: campaign, lead until the lease or the store is
     lost, stand by, campaign again; on a signal, hand the lease over at once."""
-    pool = await connect_pool(settings.state)
+    try:
+        pool = await connect_pool(settings.state)
+    except (ValueError, *DB_ERRORS) as exc:
+        where = without_password(settings.state)
+        raise OSError(f"cannot reach PostgreSQL at {where}: {exc}") from None
     try:
         await migrate(pool)
         holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"

@@ -11,10 +11,19 @@ import sqlite3
 import threading
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
 from controlplane.model import ModelSpec, Node, Replica
+
+
+def without_password(state: str) -> str:
+    """A state's location as it may be shown or logged: a URL's password is left out."""
+    parts = urlsplit(state)
+    if not parts.password:
+        return state
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
 
 
 class StoreUnavailable(Exception):

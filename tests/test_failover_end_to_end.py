@@ -331,3 +331,20 @@ def test_a_standby_redirects_to_the_leader_and_a_clean_stop_hands_over_at_once(
     assert handed_over_in < LEASE_TTL_S, f"released, not left to expire: {handed_over_in:.2f} s"
     models = call("GET", cluster.url(standby) + "/v1/models")[1]["items"]
     assert [m["name"] for m in models] == ["m"]
+
+
+def test_a_database_that_cannot_be_reached_is_a_clear_error_at_start(tmp_path):
+    import subprocess
+
+    from tests.harness import BIN
+
+    answer = subprocess.run(
+        [str(BIN / "gpuctl"), "server", "--listen", f"127.0.0.1:{free_port()}",
+         "--state", f"postgresql://gpufleet:s3cret@127.0.0.1:{free_port()}/fleet"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert answer.returncode == 3, answer.stderr
+    assert "cannot reach PostgreSQL at postgresql://gpufleet:***@127.0.0.1" in answer.stderr
+    assert "s3cret" not in answer.stderr + answer.stdout
