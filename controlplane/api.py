@@ -461,8 +461,8 @@ async def metrics(request: web.Request) -> web.Response:
 # tests walk this table.
 ROUTES = [
     ("GET", "/healthz", healthz, (PUBLIC,)),
-    ("GET", "/metrics", metrics, (PUBLIC,)),
-    ("GET", "/v1/leader", get_leader, (PUBLIC,)),  # no secret in it; --metrics-token protects it
+    ("GET", "/metrics", metrics, (PUBLIC,)),  # no secret in it; --metrics-token protects it
+    ("GET", "/v1/leader", get_leader, (PUBLIC,)),  # a load balancer's health check
     ("GET", "/v1/routes", get_routes, ("router",)),
     ("POST", "/v1/activity", post_activity, ("router",)),
     ("POST", "/v1/demand", post_demand, ("router",)),

@@ -124,10 +124,13 @@ class PostgresStore:
         self.waiters: list[tuple[int, asyncio.Future]] = []
         self.wake = asyncio.Event()
         self.writer: asyncio.Task | None = None
-        self.committed_total = 0
 
     async def start(self) -> None:
-        async with self.pool.acquire() as conn:
+        # One snapshot of every table, as of one moment.
+        async with (
+            self.pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
             for table, columns in COLUMNS.items():
                 self.rows[table] = await conn.fetch(f"SELECT {', '.join(columns)} FROM {table}")
         self.writer = asyncio.create_task(self._write_forever())
@@ -267,7 +270,6 @@ class PostgresStore:
                     self._fail(exc)
                     return
                 self.committed += len(taken)
-                self.committed_total += len(taken)
                 self._answer_waiters()
 
     async def _commit(self, changes: list[tuple[str, tuple]]) -> None:

@@ -127,9 +127,9 @@ async def serve_sole(settings: Settings, stop: asyncio.Event) -> None:
         ticker.cancel()
         lag.cancel()
         await asyncio.gather(ticker, lag, return_exceptions=True)
-        term.reconciler.routes.release_watchers()
+        end_term(term)  # before the cleanup, which would wait out each route watcher's poll
         await runner.cleanup()
-        end_term(term)
+        term.fleet.flush_activity()  # and the reports that came in as it drained
         store.close()
 
 

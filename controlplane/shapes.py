@@ -47,17 +47,15 @@ class Shape:
     sick: bool  # some GPU of it is unhealthy
 
 
-FIELDS = ("fabric", "ready", "schedulable", "whole_free", "tallies", "sick")
-
-
-def shape_of(node, held) -> Shape:
+def shape_fields(node, held) -> tuple:
+    """The fields of `node`'s Shape, in order."""
     by_class = node_capacity(node, held)
     whole_free = (
         eligible(node)
         and bool(node.gpus)
         and all(tally[FREE] == tally[TOTAL] for tally in by_class.values())
     )
-    return Shape(
+    return (
         node.fabric,
         node.ready,
         str(node.schedulable),
@@ -86,9 +84,10 @@ class Shapes:
             and entry[4] == node.fabric
         ):
             return entry[5]
-        worked_out = shape_of(node, held)
-        fields = tuple(getattr(worked_out, f) for f in FIELDS)
-        shape = self.interned.setdefault(fields, worked_out)
+        fields = shape_fields(node, held)
+        shape = self.interned.get(fields)
+        if shape is None:
+            shape = self.interned[fields] = Shape(*fields)
         self.known[node.name] = (node.gpus, node.ready, node.schedulable, held, node.fabric, shape)
         return shape
 

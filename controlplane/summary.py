@@ -255,11 +255,10 @@ DEGRADED_KEYS = ("id", "model", "nodes", "reason", "gpus", "gpus_unhealthy")
 FAILED_KEYS = ("id", "model", "nodes", "reason", "exit_code")
 
 
-def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None, sick: dict) -> dict:
+def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None, nodes: dict) -> dict:
     """The summary's replica numbers. A full row is built only for a replica the summary
-    lists (idle, degraded, failed); the rest are counted. `sick`: the nodes with an unhealthy
+    lists (idle, degraded, failed); the rest are counted. `nodes`: those with an unhealthy
     GPU, the only ones where a replica's GPUs can be at fault."""
-    nodes = sick
     thresholds = {spec.name: spec.idle_after_s for spec in snap.specs}
     by_state: Counter[str] = Counter()
     idle, degraded, failed = [], [], []

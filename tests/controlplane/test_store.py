@@ -144,7 +144,7 @@ def test_a_failed_batch_writes_nothing(stores):
     stores.close(again)
 
 
-def test_a_newer_schema_is_refused(stores, tmp_path):
+def test_a_newer_schema_is_refused(stores):
     stores.close(stores.open())
     stores.make_schema_newer()
     with pytest.raises(RuntimeError, match="upgrade gpufleet"):
