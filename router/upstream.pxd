@@ -27,6 +27,7 @@ cdef class UpstreamConnection(AnswerSink):
     cdef public bint closed
     cdef public long served
     cdef public double idle_since
+    cdef public bint paused
 
     cpdef bint send(self, ResponseListener listener, bytes request)
     cpdef void answer_head(self, int status) except *

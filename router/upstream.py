@@ -48,6 +48,7 @@ class UpstreamConnection(AnswerSink):
         self.closed = False
         self.served = 0  # answers completed on this connection
         self.idle_since = 0.0
+        self.paused = False  # reading paused: the client is slower than the replica
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -92,6 +93,10 @@ class UpstreamConnection(AnswerSink):
         # Back in the pool before the listener hears of it: the client's next (pipelined)
         # request, started from there, can take this very connection.
         if reusable:
+            if self.paused:
+                # The answer ended in the read that filled the client's buffer: the client's
+                # resume goes to its exchange, which is over, so the pool resumes it.
+                self.resume_reading()
             self.pool.put_back(self)
         else:
             self.close()
@@ -135,11 +140,13 @@ class UpstreamConnection(AnswerSink):
             self.transport.abort()
 
     def pause_reading(self) -> None:
-        if not self.closed:
+        if not self.closed and not self.paused:
+            self.paused = True
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if not self.closed:
+        if not self.closed and self.paused:
+            self.paused = False
             self.transport.resume_reading()
 
 
