@@ -114,9 +114,10 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
 
 
 def load(
-    url: str, seconds: float, connections: int, work: Path, body: str, other_cpus: str
-) -> dict:
-    if shutil.which("wrk"):
+    url: str, seconds: float, connections: int, work: Path, body: str, other_cpus: str,
+    tool: str = "wrk",
+) -> dict:  # fmt: skip
+    if tool == "wrk" and shutil.which("wrk"):
         script = work / "post.lua"
         script.write_text(
             f"wrk.method = \"POST\"\nwrk.body = '{body}'\n"
@@ -271,9 +272,9 @@ def throughput(name, proc, url, args, work, other_cpus) -> tuple[dict, float]:
     """The load's result (with the proxy's user and system CPU per answer) and the cores the
     proxy used."""
     body = STREAM_BODY if args.mode == "sse" else BODY
-    load(url, 2, args.connections, work, body, other_cpus)  # warm-up
+    load(url, 2, args.connections, work, body, other_cpus, args.load)  # warm-up
     user, system = cpu_seconds(proc.pid)
-    result = load(url, args.seconds, args.connections, work, body, other_cpus)
+    result = load(url, args.seconds, args.connections, work, body, other_cpus, args.load)
     user_after, system_after = cpu_seconds(proc.pid)
     answers = max(1.0, result["rps"] * args.seconds)
     result["user_us"] = (user_after - user) * 1e6 / answers
@@ -298,11 +299,18 @@ def memory_per_stream(proc, url, args, other_cpus) -> dict:
         opened = int(line[1]) if line[:1] == ["open"] else 0
         time.sleep(1.0)
         after = rss_bytes(proc.pid)
+        gaps = holder.stdout.readline()
     finally:
         holder.wait(60)
     if not opened:
         raise RuntimeError("no stream opened")
-    return {"streams": opened, "rss_before": before, "per_stream": (after - before) / opened}
+    gap = json.loads(gaps.split(" ", 1)[1]) if gaps.startswith("gaps ") else {}
+    return {
+        "streams": opened,
+        "rss_before": before,
+        "per_stream": (after - before) / opened,
+        **{f"gap_{k}": v for k, v in gap.items()},
+    }
 
 
 def main() -> int:
@@ -321,9 +329,21 @@ def main() -> int:
     parser.add_argument(
         "--rounds", type=int, default=1, help="json, sse: run the contenders this many times"
     )
+    parser.add_argument(
+        "--load",
+        choices=["wrk", "loadgen"],
+        help="the load generator; default: wrk for json, loadgen for sse (it times the gaps"
+        " in each answer, and wrk's SSE tail is its own: see docs/performance.md)",
+    )
     parser.add_argument("--vllm-router")
     parser.add_argument("--sglang-router")
+    parser.add_argument(
+        "--gate",
+        action="store_true",
+        help="exit 1 unless gpurouter's p99 and p99 longest gap are within 1.2x nginx's (sse)",
+    )
     args = parser.parse_args()
+    args.load = args.load or ("loadgen" if args.mode == "sse" else "wrk")
     import resource
 
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -350,7 +370,7 @@ def main() -> int:
             body = STREAM_BODY if args.mode == "sse" else BODY
             direct = load(
                 backend_url + "/v1/completions", args.seconds, args.connections, work, body,
-                other_cpus,
+                other_cpus, args.load,
             )  # fmt: skip
             rows.append(("direct", direct, None))
         rounds = 1 if args.mode == "streams" else args.rounds
@@ -366,7 +386,26 @@ def main() -> int:
     print_table(rows, args)
     if rounds > 1:
         print_ratios(by_contender)
-    return 0
+    return tail_gate(dict((name, r) for name, r, _ in rows)) if args.gate else 0
+
+
+TAIL_RATIO = 1.2
+
+
+def tail_gate(results: dict[str, dict]) -> int:
+    """gpurouter's tail against nginx's in the same run: the answer's p99 and the p99 of its
+    longest gap between chunks, each at most TAIL_RATIO times nginx's."""
+    ours, theirs = results.get("gpurouter", {}), results.get("nginx", {})
+    if "gap_p99_ms" not in ours or "gap_p99_ms" not in theirs:
+        print("gate: needs gpurouter and nginx, measured by loadgen (--mode sse)")
+        return 1
+    failed = 0
+    for key in ("p99_ms", "gap_p99_ms"):
+        ratio = ours[key] / max(theirs[key], 1e-3)
+        verdict = "ok" if ratio <= TAIL_RATIO else "FAILED"
+        failed += verdict != "ok"
+        print(f"gate: {key} gpurouter/nginx {ratio:.2f} (at most {TAIL_RATIO}) {verdict}")
+    return 1 if failed else 0
 
 
 def measure(name, argv, proxy_cpus, other_cpus, work, args) -> tuple[dict, float | None]:
@@ -414,14 +453,19 @@ def print_table(rows, args) -> None:
     where = f"proxy pinned to CPU {'0' if args.workers == 1 else f'0-{args.workers - 1}'}"
     if args.mode == "streams":
         print(f"\nstreams held open at once, one event a second, {where}\n")
-        print(f"{'':14} {'streams':>8} {'RSS before MB':>14} {'KB per stream':>14}")
+        print(
+            f"{'':14} {'streams':>8} {'RSS before MB':>14} {'KB per stream':>14}"
+            f" {'gap p50':>8} {'gap p99':>8} {'gap p99.9':>9} {'gap max':>8}  (ms between events)"
+        )
         for name, r, _ in rows:
             if "error" in r:
                 print(f"{name:14} failed: {r['error']}")
                 continue
             print(
                 f"{name:14} {r['streams']:8d} {r['rss_before'] / 1e6:14.1f}"
-                f" {r['per_stream'] / 1024:14.1f}"
+                f" {r['per_stream'] / 1024:14.1f} {r.get('gap_p50_ms', 0):8.0f}"
+                f" {r.get('gap_p99_ms', 0):8.0f} {r.get('gap_p999_ms', 0):9.0f}"
+                f" {r.get('gap_max_ms', 0):8.0f}"
             )
         return
     unit = "chunks/s" if args.mode == "sse" else "req/s"
@@ -433,7 +477,8 @@ def print_table(rows, args) -> None:
     )
     print(
         f"{'':14} {'req/s':>9} {'cores':>6} {unit + '/core':>15} {'p50 ms':>8} {'p99 ms':>8}"
-        f" {'errors':>7} {'user µs':>8} {'sys µs':>7}  (CPU per answer)"
+        f" {'p99.9':>7} {'gap p99':>8} {'p99.9':>7} {'errors':>7} {'user µs':>8} {'sys µs':>7}"
+        "  (gap: the longest wait for one chunk of an answer; CPU per answer)"
     )
     for name, r, cores in rows:
         if "error" in r:
@@ -444,9 +489,12 @@ def print_table(rows, args) -> None:
         split = f" {'-':>8} {'-':>7}"
         if "user_us" in r:
             split = f" {r['user_us']:8.2f} {r['system_us']:7.2f}"
+        tail = f" {'-':>7} {'-':>8} {'-':>7}"
+        if "p999_ms" in r:
+            tail = f" {r['p999_ms']:7.1f} {r['gap_p99_ms']:8.1f} {r['gap_p999_ms']:7.1f}"
         print(
             f"{name:14} {r['rps']:9.0f} {used} {per_core} {r['p50_ms']:8.2f} "
-            f"{r['p99_ms']:8.2f} {r['errors']:7d}{split}"
+            f"{r['p99_ms']:8.2f}{tail} {r['errors']:7d}{split}"
         )
 
 

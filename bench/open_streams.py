@@ -4,14 +4,18 @@
 
 Opens the streams (a few hundred connections at a time), waits until each has received its
 answer's head and first event, prints `open N` (N: how many made it) and holds them all for
-`--hold` seconds while the caller measures, then closes them and exits.
+`--hold` seconds while the caller measures, reading their events; then prints `gaps` and a
+JSON object of the longest wait between two events of a stream (p50, p99, p99.9 and max over
+streams, in ms), closes them and exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+import time
 from urllib.parse import urlsplit
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 600, "stream": true}'
@@ -24,7 +28,29 @@ async def open_stream(host: str, port: int, request: bytes, gate: asyncio.Semaph
         writer.write(request)
         await reader.readuntil(b"\r\n\r\n")
         await reader.readuntil(b"\n\n")  # the first event
-    return writer
+    return reader, writer
+
+
+async def longest_gap(reader: asyncio.StreamReader, until: float) -> float:
+    """The longest wait for one event of this stream until `until` (perf_counter)."""
+    longest, last = 0.0, time.perf_counter()
+    while (left := until - time.perf_counter()) > 0:
+        try:
+            await asyncio.wait_for(reader.readuntil(b"\n\n"), left)
+        except (TimeoutError, asyncio.IncompleteReadError):
+            break
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    return max(longest, min(time.perf_counter(), until) - last)
+
+
+def quantiles_ms(values: list[float]) -> dict:
+    ranked = sorted(values) or [0.0]
+
+    def at(q):
+        return round(ranked[min(len(ranked) - 1, int(q * len(ranked)))] * 1e3, 1)
+
+    return {"p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999), "max_ms": at(1.0)}
 
 
 async def main(url: str, streams: int, hold_s: float) -> int:
@@ -38,9 +64,12 @@ async def main(url: str, streams: int, hold_s: float) -> int:
         *(open_stream(parts.hostname, parts.port, request, gate) for _ in range(streams)),
         return_exceptions=True,
     )
-    writers = [w for w in opened if isinstance(w, asyncio.StreamWriter)]
+    pairs = [pair for pair in opened if isinstance(pair, tuple)]
+    writers = [writer for _, writer in pairs]
     print(f"open {len(writers)}", flush=True)
-    await asyncio.sleep(hold_s)
+    until = time.perf_counter() + hold_s
+    gaps = await asyncio.gather(*(longest_gap(reader, until) for reader, _ in pairs))
+    print("gaps " + json.dumps(quantiles_ms(gaps)), flush=True)
     for writer in writers:
         writer.close()
     return 0 if len(writers) == streams else 1
