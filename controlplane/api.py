@@ -7,7 +7,7 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from controlplane.auth import NODE, PUBLIC, READ, Denied, check, identify
+from controlplane.auth import NO_CREDENTIALS, NODE, PUBLIC, READ, Denied, check, identify
 from controlplane.explain import explain
 from controlplane.fleet import BadRequest, Conflict, NotFound
 from controlplane.idle import ReportError
@@ -21,7 +21,9 @@ from controlplane.store import StoreUnavailable
 from controlplane.summary import model_rows, node_rows, replica_rows, summary
 
 TOKENS_KEY = web.AppKey("tokens", dict)
+METRICS_TOKEN_KEY = web.AppKey("metrics_token", str)
 NEEDS_KEY = web.AppKey("needs", dict)  # route -> the roles that may call it
+METRICS_ROUTE_KEY = web.AppKey("metrics_route", object)
 LEADERSHIP_KEY = web.AppKey("leadership", object)
 CALLER_KEY = "caller"
 TERM_KEY = "term"
@@ -32,6 +34,8 @@ LEADER_FAMILY = (
     "# HELP gpufleet_leader Whether this server leads (1) or stands by (0).\n"
     "# TYPE gpufleet_leader gauge\ngpufleet_leader {}\n"
 )
+# How long a demand waits for the tick that places its model before it answers as things are.
+DEMAND_WAIT_S = 5.0
 # A list this long or longer is encoded in a worker thread: 16,000 nodes are 10 MB of JSON.
 LONG_LIST = 1000
 
@@ -112,13 +116,17 @@ async def leader_only(request: web.Request, handler):
 
 @web.middleware
 async def authorization(request: web.Request, handler):
-    """Every route says who may call it (ROUTES); with no token file, nobody needs one."""
+    """Every route says who may call it (ROUTES); with no token file, nobody needs one, and a
+    --metrics-token alone guards /metrics and nothing else."""
     tokens = request.app[TOKENS_KEY]
-    needs = request.app[NEEDS_KEY].get(request.match_info.route)
+    route = request.match_info.route
+    needs = request.app[NEEDS_KEY].get(route)
+    if request.app[METRICS_TOKEN_KEY] and route is request.app[METRICS_ROUTE_KEY]:
+        tokens = {**tokens, "metrics": request.app[METRICS_TOKEN_KEY]}
     if not tokens or needs is None:  # open, or no such route (404/405 follow)
         return await handler(request)
     current = request[TERM_KEY]
-    credentials = current.fleet.credentials if current is not None else {}
+    credentials = current.fleet.credentials if current is not None else NO_CREDENTIALS
     caller = identify(request.headers.get("Authorization", ""), tokens, credentials)
     # A path that names no node (registration) is about the caller's own: its handler checks
     # the node the body names.
@@ -162,7 +170,9 @@ async def post_demand(request: web.Request) -> web.Response:
     """A router holds requests for a model with no ready replica: wake it if it sleeps, and
     say at once when it cannot be placed (the router then answers its requests with why)."""
     body = await body_of(request)
-    model, waiting = body.get("model") if isinstance(body, dict) else None, body.get("waiting", 1)
+    if not isinstance(body, dict):
+        raise ApiError(400, "expected a JSON object: {model, waiting}", "invalid_request")
+    model, waiting = body.get("model"), body.get("waiting", 1)
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model: required, a string", "invalid_request", "model")
     if isinstance(waiting, bool) or not isinstance(waiting, int) or waiting < 0:
@@ -176,9 +186,9 @@ async def post_demand(request: web.Request) -> web.Response:
         )
 
     if fleet.changed or not ready():
-        # Place it, or make room for it, now: the answer carries the outcome.
-        term(request).reconciler.tick()
-        term(request).stats["ticks"] += 1
+        # Placed, or room made for it, by the next tick (paced as every tick is): the answer
+        # carries the outcome.
+        await term(request).after_next_tick(DEMAND_WAIT_S)
     reason = fleet.reasons.get(model, "")
     room = fleet.room.get(model)
     return json_response(
@@ -235,10 +245,14 @@ async def forget_router(request: web.Request) -> web.Response:
 
 
 async def post_activity(request: web.Request) -> web.Response:
+    fleet = term(request).fleet
     try:
-        term(request).fleet.idle.report(await body_of(request))
+        fleet.idle.report(await body_of(request))
     except ReportError as exc:
         raise ApiError(400, str(exc), "invalid_request", exc.field) from None
+    # Stored before the answer (leader_only awaits it): an acknowledged goodbye survives a
+    # kill -9 of the server that took it.
+    fleet.flush_activity()
     term(request).stats["activity_reports"] += 1
     return json_response({"accepted": True})
 
@@ -253,7 +267,11 @@ async def register_node(request: web.Request) -> web.Response:
     name = body.get("name") if isinstance(body, dict) else None
     if caller is not None and "admin" not in caller.roles and caller.node != name:
         if caller.node is not None:
-            check(caller, (NODE,), name)  # 403: a credential registers its own node alone
+            raise Denied(
+                403,
+                f"a {caller.describe()} may not register node {name}: that needs node {name}'s"
+                " own credential, the agent token or the admin token",
+            )
         if isinstance(name, str) and name in fleet.credentials:
             raise ApiError(
                 403,
@@ -497,12 +515,13 @@ def build_app(
     )
     app[LEADERSHIP_KEY] = leadership
     app[TOKENS_KEY] = tokens
+    app[METRICS_TOKEN_KEY] = metrics_token or ""
     app[NEEDS_KEY] = {}
     for method, path, handler, needs in ROUTES:
         route = app.router.add_route(method, path, handler)
         app[NEEDS_KEY][route] = needs
+    metrics_route = next(r for r in app[NEEDS_KEY] if r.resource.canonical == "/metrics")
+    app[METRICS_ROUTE_KEY] = metrics_route
     if metrics_token:
-        tokens["metrics"] = metrics_token
-        metrics_route = next(r for r in app[NEEDS_KEY] if r.resource.canonical == "/metrics")
         app[NEEDS_KEY][metrics_route] = ("metrics", "viewer")
     return app

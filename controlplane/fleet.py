@@ -11,7 +11,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from controlplane.auth import new_credential
+from controlplane.auth import Credentials, new_credential
 from controlplane.autoscale import Window
 from controlplane.histogram import SWAP_BUCKETS, Histogram
 from controlplane.idle import IdleState, IdleTracker, Router
@@ -129,7 +129,7 @@ class Fleet:
         }
         self.autoscale: dict[str, dict] = {}  # model -> {"reason", "recommended", "load"}
         # node -> SHA-256 of the credential its agent got at registration (controlplane/auth)
-        self.credentials: dict[str, str] = store.load_credentials()
+        self.credentials = Credentials(store.load_credentials())
         routers, gaps = store.load_routers()
         self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
         started = clock()
@@ -279,7 +279,7 @@ class Fleet:
                     self.set_replica_state(replica, ReplicaState.FAILED, f"node {name} deleted")
             self.store.delete_node(name)
         del self.nodes[name]
-        self.credentials.pop(name, None)
+        self.credentials.pop(name)
         self.changed = True
         return node
 

@@ -25,6 +25,20 @@ class Term:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stats: dict = field(default_factory=lambda: {"activity_reports": 0, "ticks": 0})
     views: Views = field(init=False)
+    # What waits for the next tick to be over (a router's demand waits for its placement).
+    tick_waiters: list = field(default_factory=list)
+
+    async def after_next_tick(self, timeout: float) -> bool:
+        """Wake the tick loop and wait until the tick after now is over (False: not within
+        `timeout`)."""
+        done = asyncio.get_running_loop().create_future()
+        self.tick_waiters.append(done)
+        self.wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+            return True
+        except TimeoutError:
+            return False
 
     def __post_init__(self) -> None:
         stats = self.stats

@@ -219,6 +219,8 @@ async def tick_loop(term: Term, tick_s: float, may_act=lambda: True) -> None:
         wake.clear()
         if not may_act():
             return
+        # Only who waited before this tick began is answered after it.
+        waiting, term.tick_waiters = term.tick_waiters, []
         started = time.perf_counter()
         try:
             reconciler.tick()
@@ -226,6 +228,9 @@ async def tick_loop(term: Term, tick_s: float, may_act=lambda: True) -> None:
             log.exception("reconcile tick failed")
         stats["ticks"] += 1
         reconciler.fleet.idle.forget_gone()
+        for done in waiting:
+            if not done.done():
+                done.set_result(None)
         took = time.perf_counter() - started
         if took > SLOW_TICK_S:
             log.warning("reconcile tick took %.1f s", took)

@@ -162,6 +162,23 @@ def test_nothing_accepted_is_lost_to_kill_9(procs, tmp_path):
     }
 
 
+def test_an_acknowledged_goodbye_survives_kill_9(procs, tmp_path):
+    """A router's last report of a clean stop is stored before it is answered: lost, the
+    router would stay silent for good, its replicas unknown until an operator forgot it."""
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump(TOKENS))
+    state = tmp_path / "state.sqlite"
+    url, proc = control_plane(procs, state, tokens)
+    report = {"router": "edge-1", "incarnation": "i1", "uptime_s": 5, "used": {}, "watched": {}}
+    assert call("POST", url + "/v1/activity", report, token=TOKENS["router"])[0] == 200
+    goodbye = {**report, "uptime_s": 6, "goodbye": True}
+    assert call("POST", url + "/v1/activity", goodbye, token=TOKENS["router"])[0] == 200
+    procs.terminate(proc, signal.SIGKILL)
+    url, _ = control_plane(procs, state, tokens)
+    (router,) = call("GET", url + "/v1/routers", token=TOKENS["viewer"])[1]["items"]
+    assert (router["id"], router["state"]) == ("edge-1", "gone")
+
+
 def test_metrics_are_families_a_dashboard_can_use(server):
     url, _, _ = server
     admin = TOKENS["admin"]

@@ -11,7 +11,7 @@ from cli.tls import make_certificates
 from controlplane.api import ROUTES
 from controlplane.auth import NODE, PUBLIC
 from tests.controlplane.conftest import make_node, spec
-from tests.harness import BIN, call, control_plane, get
+from tests.harness import BIN, call, control_plane, get, wait_until
 
 pytestmark = pytest.mark.integration
 TOKENS = {"admin": "adm-1", "viewer": "vwr-1", "router": "rtr-1", "agent": "agt-1"}
@@ -202,3 +202,45 @@ def _env():
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")}
+
+
+def test_a_metrics_token_alone_guards_metrics_and_nothing_else(procs, tmp_path):
+    url, _ = control_plane(procs, tmp_path / "state.sqlite", None, "--metrics-token", "prom-1")
+    assert get(url + "/metrics")[0] == 401
+    assert get(url + "/metrics", _bearer("prom-1"))[0] == 200
+    assert call("GET", url + "/v1/models")[0] == 200, "the API stays open without a token file"
+    assert call("POST", url + "/v1/models", spec(name="open"))[0] == 201
+    assert [m["name"] for m in call("GET", url + "/v1/models")[1]["items"]] == ["open"]
+
+
+def test_only_a_node_itself_reads_its_assignments_admin_included(server):
+    n1 = register(server, "n1")
+    body = spec(name="llama", env={"HF_TOKEN": MARKER})
+    assert call("POST", server + "/v1/models", body, token=TOKENS["admin"])[0] == 201
+    for method, path in (("GET", "/v1/nodes/n1/assignments"), ("POST", "/v1/nodes/n1/heartbeat")):
+        status, answer = call(method, server + path, {}, token=TOKENS["admin"])
+        assert status == 403, (path, answer)
+        assert "node n1's own credential" in answer["error"]["message"]
+        assert MARKER not in json.dumps(answer)
+    # The node itself is handed the value, and the refusals changed nothing.
+    given = wait_until(
+        lambda: call("GET", server + "/v1/nodes/n1/assignments", token=n1)[1]["assignments"]
+    )
+    assert [a["env"] for a in given] == [{"HF_TOKEN": MARKER}]
+
+
+def test_the_router_role_calls_routes_activity_and_demand_and_reads_nothing_else(server):
+    for path in ("/v1/models", "/v1/nodes", "/v1/replicas", "/v1/summary", "/v1/routers"):
+        status, answer = call("GET", server + path, token=TOKENS["router"])
+        assert status == 403 and "viewer" in answer["error"]["message"], (path, answer)
+    assert call("GET", server + "/v1/routes", token=TOKENS["router"])[0] == 200
+
+
+def test_a_demand_that_is_not_an_object_is_refused_and_changes_nothing(server):
+    assert call("POST", server + "/v1/models", spec(name="m"), token=TOKENS["admin"])[0] == 201
+    for body in (b"[1, 2]", b'"m"', b"3"):
+        status, answer = call("POST", server + "/v1/demand", body, token=TOKENS["router"])
+        assert status == 400, (body, answer)
+        assert "expected a JSON object" in answer["error"]["message"]
+    (model,) = call("GET", server + "/v1/models", token=TOKENS["viewer"])[1]["items"]
+    assert model["name"] == "m"

@@ -40,7 +40,9 @@ def test_long_ticks_woken_back_to_back_each_leave_the_loop_as_long_as_they_took(
 
     async def main():
         monkeypatch.setattr(server.asyncio, "sleep", sleep)
-        term = SimpleNamespace(reconciler=reconciler, wake=wake, stats={"ticks": 0})
+        term = SimpleNamespace(
+            reconciler=reconciler, wake=wake, stats={"ticks": 0}, tick_waiters=[]
+        )
         ticker = asyncio.create_task(server.tick_loop(term, 1.0))
         while reconciler.ticks < 4:
             wake.set()  # every heartbeat changes something, and wakes the reconciler
