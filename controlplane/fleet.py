@@ -185,7 +185,14 @@ class Fleet:
             return spec, outcome
         self.store.put_spec(spec)
         self.specs[spec.name] = spec
-        self.set_scaled(spec.name, None)
+        if spec.autoscaled and current is not None and current.autoscaled:
+            # An edit of an autoscaled model keeps what its load asked for, within the new
+            # bounds: resetting it to `replicas` would stop replicas that are serving.
+            kept = self.scaled.get(spec.name)
+            if kept is not None:
+                self.set_scaled(spec.name, min(max(kept, spec.floor), spec.ceiling))
+        else:
+            self.set_scaled(spec.name, None)
         self.changed = True
         self.event(spec.name, f"spec {outcome} (generation {spec.generation})")
         return spec, outcome
@@ -466,9 +473,15 @@ class Fleet:
         self.changed = True
 
     def retire(self, replica: Replica, why: str) -> None:
-        """Stop an idle replica safely: its route goes now; it stops once no router holds it."""
+        """Stop an idle replica safely, one fewer kept: see `withdraw`."""
         spec = self.specs[replica.model]
         self.set_scaled(replica.model, self.desired(spec) - 1)
+        self.withdraw(replica, why)
+
+    def withdraw(self, replica: Replica, why: str) -> None:
+        """The one safe stop of a Ready replica: its route goes now; it stops once every live
+        router has dropped it and has nothing in flight on it (the reconciler's
+        `_stop_retired`)."""
         self.set_replica_state(replica, ReplicaState.RETIRING, why)
 
     def demand(self, model: str, waiting: int) -> ModelSpec:

@@ -163,6 +163,14 @@ class Reconciler:
         replaced = [r for r in mine if r.id in degraded and not draining.intersection(r.nodes)]
         desired = fleet.desired(spec)
         missing = desired - len(staying)
+        if missing > 0:
+            # Wanted again before it stopped: a retiring replica serves at once, no cold start.
+            for replica in self._revivable(spec.name, draining)[:missing]:
+                fleet.set_replica_state(
+                    replica, ReplicaState.READY, "wanted again before it stopped"
+                )
+                staying.append(replica)
+                missing -= 1
         if missing > 0 and spec.name in fleet.reservations:
             pass  # room is being made for it: it goes where its GPUs are kept
         elif missing > 0:
@@ -198,17 +206,39 @@ class Reconciler:
                 )
 
             for replica in sorted(staying, key=usefulness)[:extra]:
-                fleet.set_replica_state(replica, ReplicaState.STOPPING, "scaled down")
+                self._stop(replica, f"scaled down to {desired}")
         # Replicas on draining nodes go once their replacements are ready, or at once when no
         # replacement fits (the drain goes on; the model's reason tells the operator why).
         ready_staying = sum(1 for r in staying if r.state == ReplicaState.READY)
         if leaving and (ready_staying >= desired or spec.name in fleet.reasons):
             for replica in leaving:
-                fleet.set_replica_state(replica, ReplicaState.STOPPING, "node draining")
+                self._stop(replica, "node draining")
         if replaced and ready_staying >= desired:
             for replica in replaced:
-                why = "; ".join(gpu_faults(replica, fleet.nodes))
-                fleet.set_replica_state(replica, ReplicaState.STOPPING, f"replaced: {why}")
+                self._stop(replica, "replaced: " + "; ".join(gpu_faults(replica, fleet.nodes)))
+
+    def _stop(self, replica, why: str) -> None:
+        """A Ready replica goes through the safe stop (route withdrawn, acked, drained); one
+        that never had a route (Pending, Starting) stops at once: nobody can be using it."""
+        if replica.state == ReplicaState.READY:
+            self.fleet.withdraw(replica, f"{why}; route withdrawn")
+        else:
+            self.fleet.set_replica_state(replica, ReplicaState.STOPPING, why)
+
+    def _revivable(self, model: str, draining: set[str]) -> list:
+        """Retiring replicas of `model` that may serve again: none that a reservation counts
+        on to free its GPUs, none on a draining node or a failed GPU."""
+        fleet = self.fleet
+        kept_for_others = {v for r in fleet.reservations.values() for v in r.victims}
+        return [
+            r
+            for r in fleet.replicas_of(model)
+            if r.state == ReplicaState.RETIRING
+            and r.url
+            and r.id not in kept_for_others
+            and not draining.intersection(r.nodes)
+            and not gpu_faults(r, fleet.nodes)
+        ]
 
     def _place_on_reserved(self) -> None:
         """A model whose kept GPUs are free now (its victims stopped) is placed on them."""
@@ -419,7 +449,10 @@ class Reconciler:
                 continue
             held = fleet.idle.still_held(replica.id)
             if not held:
-                fleet.set_replica_state(replica, ReplicaState.STOPPING, "idle: no router holds it")
+                reason = replica.reason.split("; waiting: ")[0].removesuffix("; route withdrawn")
+                fleet.set_replica_state(
+                    replica, ReplicaState.STOPPING, f"{reason}: no router holds it"
+                )
             elif not replica.reason.endswith(held):
                 reason = replica.reason.split("; waiting: ")[0]
                 fleet.set_replica_state(
