@@ -6,15 +6,20 @@ snapshot, beside placement and scaling.
 | M fits on free GPUs                                    | nothing to take: placement places it |
 | GPUs of replicas nobody uses would make one placement   | the fewest GPUs that do are victims  |
 | only replicas in use, unknown, young or not Ready stand | M waits: the reason names each one   |
+| (Starting, Retiring, Stopping), or GPUs kept for another |                                     |
+| waiting model, or a model with fewer Ready replicas than |                                     |
+| it keeps                                                |                                     |
 | only replicas protected for good stand (priority above  | final: M's requests are answered now |
-| M's, their model at min_replicas), or M fits nowhere    |                                     |
+| M's, their model kept at min_replicas), or M fits       |                                     |
+| nowhere                                                 |                                     |
 
 A victim is a Ready replica of another model whose idle state is `exact` or `at_least` (never
 `unknown`), with no request in flight on any router, Ready for at least its model's
-`min_residency`, whose model keeps at least its `min_replicas` without it and whose priority is
-not above M's. Among the sets of victims that free one placement of M (on one node; or whole
-nodes of one fabric for a multi-node replica), the one with the fewest GPUs wins; then the one
-of the lowest priorities; then the longest idle. Victims then go through the safe stop protocol
+`min_residency`, whose model keeps at least its `min_replicas` Ready replicas without it (the
+ones that exist, not the ones it should have) and whose priority is not above M's. Among the
+sets of victims that free one placement of M (on one node; or whole nodes of one fabric for a
+multi-node replica), the one with the fewest GPUs wins; then the one of the lowest
+priorities; then the longest idle. Victims then go through the safe stop protocol
 (the reconciler's business, not this module's).
 """
 
@@ -32,6 +37,8 @@ from controlplane.placement import eligible
 # Beyond this many candidates on one node the exact search (every subset) gives way to a
 # greedy one: a node holds a handful of replicas, so this is a bound, not a case.
 EXACT_SEARCH_LIMIT = 12
+# On its way out: its GPUs come free whatever else holds, and its model already counts it gone.
+LEAVING = {ReplicaState.RETIRING, ReplicaState.STOPPING}
 
 
 @dataclass(frozen=True)
@@ -82,12 +89,25 @@ def residency(spec: ModelSpec, default_s: float) -> float:
     return default_s if spec.min_residency_s is None else spec.min_residency_s
 
 
-def why_not(replica: Replica, waiting: ModelSpec, inputs: RoomInputs) -> Blocker | None:
+def ready_counts(replicas: list[Replica]) -> dict[str, int]:
+    """model -> its Ready replicas: the ones that exist and serve."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in replicas:
+        if r.state == ReplicaState.READY:
+            counts[r.model] += 1
+    return counts
+
+
+def why_not(
+    replica: Replica, waiting: ModelSpec, inputs: RoomInputs, ready: dict[str, int] | None = None
+) -> Blocker | None:
     """None when `replica` may be taken for `waiting`, else what keeps it (on its own; the
-    model-wide min_replicas limit is counted per set)."""
+    model-wide min_replicas limit is counted per set). `ready`: ready_counts of the inputs."""
     spec = inputs.specs.get(replica.model)
     if spec is None:
         return Blocker(replica.id, "its model is being deleted", False)
+    if replica.state in LEAVING:
+        return Blocker(replica.id, f"{replica.state}, not Ready", False)
     if spec.priority > waiting.priority:
         return Blocker(
             replica.id, f"priority {spec.priority} above {waiting.name}'s {waiting.priority}", True
@@ -96,6 +116,13 @@ def why_not(replica: Replica, waiting: ModelSpec, inputs: RoomInputs) -> Blocker
         return Blocker(replica.id, f"min_replicas {spec.floor} keeps it", True)
     if replica.state != ReplicaState.READY:
         return Blocker(replica.id, f"{replica.state}, not Ready", False)
+    ready = ready_counts(inputs.replicas) if ready is None else ready
+    if ready.get(spec.name, 0) <= spec.floor:
+        return Blocker(
+            replica.id,
+            f"min_replicas {spec.floor}: {ready.get(spec.name, 0)} Ready, the others not yet",
+            False,
+        )
     seconds, state = inputs.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
     if state == IdleState.UNKNOWN:
         holder = inputs.silent_holders.get(replica.id)
@@ -134,36 +161,44 @@ def plan_room(waiting: ModelSpec, inputs: RoomInputs) -> RoomPlan:
     }
     blockers: dict[str, Blocker] = {}
     takeable: dict[str, Replica] = {}
+    ready = ready_counts(inputs.replicas)
     for replica in {r.id: r for r in held.values()}.values():
         if replica.model == waiting.name:
             continue
-        blocker = why_not(replica, waiting, inputs)
+        blocker = why_not(replica, waiting, inputs, ready)
         if blocker is None:
             takeable[replica.id] = replica
         else:
             blockers[replica.id] = blocker
+    # Now: a model keeps its min_replicas of the Ready replicas it has, and never goes below
+    # what it should keep minus its floor. Some day: what it should keep, once all are Ready.
+    should = {name: inputs.desired.get(name, spec.replicas) for name, spec in inputs.specs.items()}
     may_lose = {
-        name: inputs.desired.get(name, spec.replicas) - spec.floor
+        name: min(should[name], ready.get(name, 0)) - spec.floor
         for name, spec in inputs.specs.items()
     }
+    may_lose_someday = {name: should[name] - spec.floor for name, spec in inputs.specs.items()}
 
     def priority(replica: Replica) -> int:
         return inputs.specs[replica.model].priority
 
     def idle_s(replica: Replica) -> float:
-        return inputs.idle[replica.id][0]
+        return inputs.idle.get(replica.id, (0.0, IdleState.UNKNOWN))[0]
 
-    def search(may_take) -> tuple[_Option | None, list[Blocker]]:
-        if waiting.nodes_per_replica == 1:
-            return _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, blockers)
-        return _whole_nodes(waiting, inputs, held, may_take, may_lose, priority, idle_s, blockers)
+    def search(may_take, limits, reserved) -> tuple[_Option | None, list[Blocker]]:
+        find = _one_node if waiting.nodes_per_replica == 1 else _whole_nodes
+        return find(waiting, inputs, held, may_take, limits, priority, idle_s, blockers, reserved)
 
-    best, standing = search(lambda r: r.id in takeable)
+    best, standing = search(lambda r: r.id in takeable, may_lose, inputs.reserved)
     if best is not None:
         return RoomPlan(list(best.victims), best.placement)
-    # Could it ever fit by taking room? Only if what stands in the way may pass.
+    # Could it ever fit by taking room? Only if what stands in the way may pass: replicas
+    # young, busy, unknown or on their way in or out, and GPUs kept for another model (its
+    # reservation ends, in a placement or an expiry).
     someday, _ = search(
-        lambda r: r.id in takeable or (r.id in blockers and not blockers[r.id].permanent)
+        lambda r: r.id in takeable or (r.id in blockers and not blockers[r.id].permanent),
+        may_lose_someday,
+        {},
     )
     ordered = sorted({b.replica: b for b in standing}.values(), key=lambda b: b.replica)
     return RoomPlan([], None, ordered, final=someday is None)
@@ -181,17 +216,20 @@ def _set_key(victims, priority, idle_s, where: str) -> tuple:
 
 
 def _within_limits(victims, may_lose) -> bool:
+    """Whether each model keeps what it may not lose; a replica already leaving costs its
+    model nothing more."""
     per_model: dict[str, int] = defaultdict(int)
     for v in victims:
-        per_model[v.model] += 1
+        if v.state not in LEAVING:
+            per_model[v.model] += 1
     return all(n <= may_lose.get(model, 0) for model, n in per_model.items())
 
 
-def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, blockers):
+def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, blockers, reserved):
     need_gpus = waiting.gpus_per_replica
     best: _Option | None = None
     standing: list[Blocker] = []
-    taken = held.keys() | inputs.reserved.keys()  # once: the fleet's GPUs, not one node's
+    taken = held.keys() | reserved.keys()  # once: the fleet's GPUs, not one node's
     for node in sorted(inputs.nodes, key=lambda n: n.name):
         if not eligible(node):
             continue
@@ -199,9 +237,7 @@ def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, block
         if len(usable) < need_gpus:
             continue
         free = [i for i in usable if (node.name, i) not in taken]
-        kept_for = {
-            inputs.reserved[(node.name, i)] for i in usable if (node.name, i) in inputs.reserved
-        }
+        kept_for = {reserved[(node.name, i)] for i in usable if (node.name, i) in reserved}
         standing += [Blocker(node.name, f"GPUs kept for {m}", False) for m in sorted(kept_for)]
         freed_by: dict[str, list[int]] = defaultdict(list)
         for index in usable:
@@ -253,7 +289,7 @@ def _covering_sets(candidates, freed_by, short: int):
                 yield list(victims)
 
 
-def _whole_nodes(waiting, inputs, held, may_take, may_lose, priority, idle_s, blockers):
+def _whole_nodes(waiting, inputs, held, may_take, may_lose, priority, idle_s, blockers, reserved):
     """Whole nodes of one fabric: per fabric, the nodes cheapest to empty, greedily (a victim
     spanning two of the chosen nodes counts once)."""
     by_fabric: dict[str, list[tuple[tuple, Node, list[Replica]]]] = defaultdict(list)
@@ -264,7 +300,8 @@ def _whole_nodes(waiting, inputs, held, may_take, may_lose, priority, idle_s, bl
         usable = _usable_gpus(node, waiting.gpu_class)
         if len(usable) < waiting.gpus_per_replica or len(usable) != len(node.gpus):
             continue
-        if any((node.name, g.index) in inputs.reserved for g in node.gpus):
+        if any((node.name, g.index) in reserved for g in node.gpus):
+            standing.append(Blocker(node.name, "GPUs kept for another model", False))
             continue
         holders = {
             held[(node.name, g.index)].id: held[(node.name, g.index)]

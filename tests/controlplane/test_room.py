@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from controlplane.idle import IdleState
 from controlplane.model import GPU, HOLDING, ModelSpec, Node, Replica, ReplicaState, Slice
-from controlplane.room import RoomInputs, plan_room, why_not
+from controlplane.room import RoomInputs, plan_room
 
 NOW = 1_000_000.0
 CLASS = "H100-80GB"
@@ -148,6 +148,41 @@ def test_whole_nodes_of_one_fabric_for_a_replica_that_spans_nodes():
 # Properties over random fleets.
 
 
+def test_cards_held_on_the_way_out_or_kept_for_another_are_a_wait_not_a_refusal():
+    """A blocker that passes (a replica Retiring or Stopping, whose model already counts it
+    gone; GPUs kept for another waiting model) means wait: never a final refusal."""
+    alpha, beta = model("alpha"), model("beta")
+    for state in (ReplicaState.RETIRING, ReplicaState.STOPPING, ReplicaState.STARTING):
+        held = replica("beta-1", "beta", "n1", [0, 1], state=state)
+        plan = plan_room(
+            alpha, inputs([node("n1")], [held], [alpha, beta], desired={"alpha": 1, "beta": 0})
+            if state != ReplicaState.STARTING
+            else inputs([node("n1")], [held], [alpha, beta])
+        )
+        assert plan.placement is None and not plan.final, (state, plan)
+        assert f"beta-1: {state}, not Ready" in plan.reason
+    one = model("one", gpus=1)
+    fleet = inputs([node("n1")], [], [one, alpha])
+    kept = RoomInputs(**{**fleet.__dict__, "reserved": {("n1", 0): "alpha", ("n1", 1): "alpha"}})
+    plan = plan_room(one, kept)
+    assert plan.placement is None and not plan.final
+    assert "GPUs kept for alpha" in plan.reason
+
+
+def test_min_replicas_counts_the_replicas_that_exist_not_the_ones_it_should_have():
+    alpha, beta = model("alpha", floor=1, replicas=3), model("beta")
+    replicas = [
+        replica("alpha-1", "alpha", "n1", [0, 1]),
+        replica("alpha-2", "alpha", "n2", [0, 1], state=ReplicaState.STARTING),
+        replica("alpha-3", "alpha", "n3", [0, 1], state=ReplicaState.STARTING),
+    ]
+    nodes = [node("n1"), node("n2"), node("n3")]
+    plan = plan_room(beta, inputs(nodes, replicas, [alpha, beta], desired={"alpha": 3}))
+    assert plan.victims == [], "its one Ready replica is all alpha has: min_replicas 1"
+    assert not plan.final, "once the others are Ready, one may go"
+    assert "min_replicas 1: 1 Ready" in plan.reason
+
+
 @st.composite
 def fleets(draw):
     specs = [
@@ -188,7 +223,12 @@ def fleets(draw):
                 silent[rid] = "r9"
             if draw(st.integers(0, 4)) == 0:
                 in_flight[rid] = draw(st.integers(1, 3))
-    desired = {s.name: sum(r.model == s.name for r in replicas) for s in specs}
+    # What each model should keep is drawn apart from what it has: scaled out and still
+    # starting, or scaled in with surplus still Ready.
+    desired = {
+        s.name: max(0, sum(r.model == s.name for r in replicas) + draw(st.integers(-1, 2)))
+        for s in specs
+    }
     waiting = draw(st.sampled_from(specs))
     # Most often a model of the highest priority waits: it may take from every other.
     if draw(st.booleans()):
@@ -224,13 +264,24 @@ def frees_a_placement(waiting, fleet, victims) -> bool:
 
 
 def allowed(waiting, fleet, victims) -> bool:
-    per_model = {}
+    """DESIGN.md's rules for a victim, written out here rather than asked of the code."""
     for v in victims:
-        per_model[v.model] = per_model.get(v.model, 0) + 1
-    limits_kept = all(n <= fleet.desired[m] - fleet.specs[m].floor for m, n in per_model.items())
-    return limits_kept and all(
-        why_not(v, waiting, fleet) is None and v.model != waiting.name for v in victims
-    )
+        spec = fleet.specs[v.model]
+        if (
+            v.model == waiting.name
+            or v.state != ReplicaState.READY
+            or fleet.idle[v.id][1] == IdleState.UNKNOWN
+            or fleet.in_flight.get(v.id)
+            or spec.priority > waiting.priority
+            or NOW - v.ready_at < spec.min_residency_s
+        ):
+            return False
+    for name, spec in fleet.specs.items():
+        taken = sum(v.model == name for v in victims)
+        ready = sum(r.model == name and r.state == ReplicaState.READY for r in fleet.replicas)
+        if taken and (ready - taken < spec.floor or fleet.desired[name] - taken < spec.floor):
+            return False
+    return True
 
 
 @settings(max_examples=1500, deadline=None)
