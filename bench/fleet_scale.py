@@ -1,10 +1,13 @@
 """A whole simulated fleet of real processes, read by operators while its nodes heartbeat.
 
-One `gpuctl server`, one `gpuctl agent --simulate` for every node (replicas in process, so
-10,000 of them fit on one machine), one `gpurouter` that watches and reports on every replica.
-Once all nodes are Ready and all replicas serve, `reads()` runs `gpuctl status` back to back,
-as an operator with `--watch` or a dashboard would, and counts the heartbeats that failed
-meanwhile. Full size (16,000 nodes, 10,000 replicas):
+One `gpuctl server` with a token file, as a platform team runs it: one `gpuctl agent
+--simulate` for every node, each node registering with the agent token and heartbeating with
+the credential it was given (replicas in process, so 10,000 of them fit on one machine); one
+`gpurouter` with the router token that watches and reports on every replica. It times the
+registration of the whole fleet (agent start to every node Ready); once all replicas serve,
+it runs `gpuctl status` (viewer token) back to back, as an operator with `--watch` or a
+dashboard would, and counts the heartbeats that failed meanwhile. Full size (16,000 nodes,
+10,000 replicas):
 
     .venv/bin/python -m bench.fleet_scale 16000 2000
 """
@@ -34,6 +37,7 @@ REPLICAS_PER_MODEL = 10
 HEARTBEAT_S = 10.0  # as a kubelet renews its lease
 NODE_TIMEOUT_S = 40.0  # as Kubernetes' node-monitor-grace-period
 STATUS_CALLS = 20
+TOKENS = {"admin": "adm-bench", "viewer": "vwr-bench", "router": "rtr-bench", "agent": "agt-bench"}
 SIM = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
 
 
@@ -41,6 +45,7 @@ SIM = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
 class Figures:
     nodes: int
     replicas: int
+    register_s: float  # the agent's start to every node Ready, each with its credential
     status_s: list[float]  # gpuctl status, end to end, each call
     first_page_s: float  # GET /v1/nodes?limit=500, the first page of `gpuctl nodes`
     nodes_command_s: float  # gpuctl nodes -o json, every page
@@ -54,7 +59,8 @@ class Figures:
 
     def line(self) -> str:
         return (
-            f"{self.nodes:,} nodes / {self.replicas:,} replicas: gpuctl status"
+            f"{self.nodes:,} nodes / {self.replicas:,} replicas, tokens on: registered in"
+            f" {self.register_s:.1f} s; gpuctl status"
             f" {1000 * self.status_median_s:.0f} ms median (max {1000 * max(self.status_s):.0f}),"
             f" nodes first page {1000 * self.first_page_s:.0f} ms, gpuctl nodes -o json"
             f" {1000 * self.nodes_command_s:.0f} ms; heartbeats lost {self.heartbeats_lost},"
@@ -81,7 +87,7 @@ def heartbeat_failures(agent: subprocess.Popen) -> int:
 def gpuctl(url: str, *args: str) -> tuple[float, str]:
     started = time.perf_counter()
     done = subprocess.run(
-        [str(BIN / "gpuctl"), "--server", url, *args],
+        [str(BIN / "gpuctl"), "--server", url, "--token", TOKENS["viewer"], *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -94,29 +100,34 @@ def gpuctl(url: str, *args: str) -> tuple[float, str]:
 
 def run(nodes: int, work: Path, procs: Processes) -> Figures:
     replicas = int(nodes * REPLICAS_PER_NODE) // REPLICAS_PER_MODEL * REPLICAS_PER_MODEL
+    token_file = work / "tokens.yaml"
+    token_file.write_text(yaml.safe_dump(TOKENS))
     url, server = control_plane(
         procs,
         work / "state.sqlite",
-        None,
+        token_file,
         "--node-timeout",
         str(NODE_TIMEOUT_S),
         "--tick",
         "1",
     )
     (work / "fleet.yaml").write_text(yaml.safe_dump(fleet_file(nodes)))
+    registering = time.perf_counter()
     agent = procs.start(
         [
             "gpuctl", "agent", "--server", url, "--simulate", str(work / "fleet.yaml"),
             "--state-dir", str(work / "agent"), "--heartbeat", str(HEARTBEAT_S),
+            "--token-file", str(token_file),
         ],
         name="agent",
     )  # fmt: skip
 
     def summary() -> dict:
         time.sleep(0.5)  # polled, not hammered: the reads measured are gpuctl's below
-        return call("GET", url + "/v1/summary", timeout=30)[1]
+        return call("GET", url + "/v1/summary", token=TOKENS["viewer"], timeout=30)[1]
 
     wait_until(lambda: summary()["nodes"]["ready"] == nodes, timeout=30 + nodes / 100, what="nodes")
+    register_s = time.perf_counter() - registering
     for k in range(replicas // REPLICAS_PER_MODEL):
         model = {
             "name": f"model-{k:04d}",
@@ -124,7 +135,7 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
             "command": SIM,
             "replicas": REPLICAS_PER_MODEL,
         }
-        assert call("POST", url + "/v1/models", model, timeout=30)[0] == 201
+        assert call("POST", url + "/v1/models", model, token=TOKENS["admin"], timeout=30)[0] == 201
     wait_until(
         lambda: summary()["replicas"]["by_state"].get("Ready") == replicas,
         timeout=60 + 4 * HEARTBEAT_S,
@@ -134,7 +145,7 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
     procs.start(
         [
             "gpurouter", "--listen", f"127.0.0.1:{router_port}", "--control-plane", url,
-            "--tick", "2",
+            "--tick", "2", "--token-file", str(token_file),
         ],
         router_port,
         name="router",
@@ -151,7 +162,7 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
         assert json.loads(out)["nodes"]["total"] == nodes
         status_s.append(elapsed)
     started = time.perf_counter()
-    status, first = call("GET", url + "/v1/nodes?limit=500")
+    status, first = call("GET", url + "/v1/nodes?limit=500", token=TOKENS["viewer"])
     first_page_s = time.perf_counter() - started
     assert status == 200 and len(first["items"]) == min(500, nodes)
     nodes_command_s, out = gpuctl(url, "nodes", "-o", "json")
@@ -165,7 +176,15 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
     server.wait(timeout=30)
     stop_s = time.perf_counter() - stopping
     return Figures(
-        nodes, replicas, status_s, first_page_s, nodes_command_s, lost, not_ready, stop_s
+        nodes,
+        replicas,
+        register_s,
+        status_s,
+        first_page_s,
+        nodes_command_s,
+        lost,
+        not_ready,
+        stop_s,
     )
 
 

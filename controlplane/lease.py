@@ -18,6 +18,9 @@ import asyncpg
 
 log = logging.getLogger("gpufleet.lease")
 
+# FOR UPDATE first: it waits for the old leader's write in flight (FOR KEY SHARE) to end, so
+# that write is fenced; a plain UPDATE would not wait for it.
+LOCK = "SELECT 1 FROM leader_lease WHERE id = 1 FOR UPDATE"
 TAKE = """UPDATE leader_lease
     SET holder = $1, url = $2, epoch = epoch + 1, won_at = now(),
         expires_at = now() + $3 * interval '1 second'
@@ -66,7 +69,11 @@ class Lease:
         while True:
             sent, sent_wall = self.clock(), self.wall()
             try:
-                async with self.pool.acquire(timeout=self.renew_s) as conn:
+                async with (
+                    self.pool.acquire(timeout=self.renew_s) as conn,
+                    conn.transaction(),
+                ):
+                    await conn.execute(LOCK)
                     won = await conn.fetchrow(TAKE, self.holder, self.url, self.ttl_s)
                     epoch = won[0] if won else None
                     if epoch is not None:

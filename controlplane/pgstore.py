@@ -48,7 +48,10 @@ HA_TABLES = [
         first_at TIMESTAMPTZ NOT NULL,
         last_at TIMESTAMPTZ NOT NULL)""",
 ]
-FENCE = "SELECT epoch FROM leader_lease WHERE id = 1 FOR SHARE"
+# KEY SHARE: the leader's own renewals (a plain UPDATE of the expiry) never wait for its
+# writes, while a takeover, which locks the row FOR UPDATE first (controlplane/lease.py),
+# waits for a write in flight to end and then fences it.
+FENCE = "SELECT epoch FROM leader_lease WHERE id = 1 FOR KEY SHARE"
 RECORD_WRITE = """INSERT INTO leader_writes VALUES ($1, 1, clock_timestamp(), clock_timestamp())
     ON CONFLICT (epoch) DO UPDATE
     SET transactions = leader_writes.transactions + 1, last_at = clock_timestamp()"""
@@ -79,9 +82,22 @@ COLUMNS = {
 UPSERT = {table: upsert(table, columns[0], len(columns)) for table, columns in COLUMNS.items()}
 
 
-async def connect_pool(dsn: str, timeout_s: float = 5.0) -> asyncpg.Pool:
+async def connect_pool(dsn: str, timeout_s: float = 5.0, hold_s: float = 2.0) -> asyncpg.Pool:
+    """`hold_s`: the longest any session waits for a lock or sits in a transaction without
+    sending: a leader frozen inside a write transaction loses its session (and the lease
+    row's lock) after that, so it never holds its successor's takeover hostage. It must be
+    below the lease's TTL."""
+    held_ms = str(max(1, round(hold_s * 1000)))
     return await asyncpg.create_pool(
-        dsn, min_size=2, max_size=4, timeout=timeout_s, command_timeout=timeout_s
+        dsn,
+        min_size=2,
+        max_size=4,
+        timeout=timeout_s,
+        command_timeout=timeout_s,
+        server_settings={
+            "lock_timeout": held_ms,
+            "idle_in_transaction_session_timeout": held_ms,
+        },
     )
 
 

@@ -137,7 +137,7 @@ async def serve_elected(settings: Settings, stop: asyncio.Event) -> None:
     """One of several servers on one database: campaign, lead until the lease or the store is
     lost, stand by, campaign again; on a signal, hand the lease over at once."""
     try:
-        pool = await connect_pool(settings.state)
+        pool = await connect_pool(settings.state, hold_s=settings.lease_ttl_s / 2)
     except (ValueError, *DB_ERRORS) as exc:
         where = without_password(settings.state)
         raise OSError(f"cannot reach PostgreSQL at {where}: {exc}") from None

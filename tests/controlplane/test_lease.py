@@ -8,8 +8,8 @@ import time
 import pytest
 
 from controlplane.idle import IdleState
-from controlplane.lease import Lease
-from controlplane.pgstore import PostgresStore, connect_pool, migrate
+from controlplane.lease import RENEW, Lease
+from controlplane.pgstore import FENCE, PostgresStore, connect_pool, migrate
 from controlplane.server import Settings, begin_term
 
 HOUR = 3600.0
@@ -124,3 +124,47 @@ def test_a_leader_whose_host_clock_is_an_hour_ahead_keeps_times_on_the_databases
     assert state != IdleState.UNKNOWN
     assert seconds < 30, f"used moments ago, not {seconds:.0f} s ago by the new host's clock"
     store.close()
+
+
+def test_a_leader_frozen_inside_a_write_transaction_does_not_hold_the_takeover_hostage(
+    postgres_dsn,
+):
+    """The frozen leader's session sits idle in its transaction, the lease row locked: the
+    database ends that session after `hold_s`, and the standby takes over; the frozen
+    transaction never commits."""
+    db = Database.__new__(Database)
+    db.loop = asyncio.new_event_loop()
+    db.pool = db.run(connect_pool(postgres_dsn, hold_s=0.5))
+    db.run(migrate(db.pool))
+    try:
+        first = Lease(db.pool, "a", "http://a", ttl_s=1.0, renew_s=0.2)
+        second = Lease(db.pool, "b", "http://b", ttl_s=1.0, renew_s=0.2)
+        assert db.run(first.campaign()) == 1
+
+        async def freeze_inside_a_write():
+            conn = await db.pool.acquire()
+            transaction = conn.transaction()
+            await transaction.start()
+            await conn.fetchval(FENCE)  # the row is locked as by a write in flight
+            return conn, transaction
+
+        conn, transaction = db.run(freeze_inside_a_write())
+        # Its own renewal does not queue behind its write.
+        renewed = db.run(asyncio.wait_for(conn_fetch(db.pool, RENEW, "a", 1, 1.0), timeout=0.4))
+        assert renewed == 1
+        started = time.monotonic()
+        assert db.run(asyncio.wait_for(second.campaign(), timeout=5.0)) == 2
+        took = time.monotonic() - started
+        print(f"takeover past a leader frozen in a write transaction: {took:.2f} s")
+        with pytest.raises(Exception):  # noqa: B017 - its session is gone, whatever asyncpg calls it
+            db.run(transaction.commit())
+        db.run(db.pool.release(conn, timeout=1))
+        assert db.fetchval("SELECT holder FROM leader_lease WHERE id = 1") == "b"
+    finally:
+        db.run(db.pool.close())
+        db.loop.close()
+
+
+async def conn_fetch(pool, sql, *args):
+    async with pool.acquire() as conn:
+        return await conn.fetchval(sql, *args)
