@@ -60,10 +60,11 @@ class ActivityReporter:
         if goodbye:
             report["goodbye"] = True
         body = orjson.dumps(report)
+        base = self.control_planes.url
         try:
             timeout = aiohttp.ClientTimeout(total=5)
             async with self.session.post(
-                self.control_planes.url + "/v1/activity",
+                base + "/v1/activity",
                 data=body,
                 headers=self.headers,
                 timeout=timeout,
@@ -74,7 +75,7 @@ class ActivityReporter:
             self.failures = 0
             return True
         except Exception as exc:  # reports are best effort; the next tick tries again
-            self.control_planes.failed()
+            self.control_planes.failed(base)
             self.failures += 1
             if self.failures in (1, 10) or self.failures % 100 == 0:
                 log.warning("activity report failed %d time(s): %s", self.failures, exc)
@@ -84,7 +85,8 @@ class ActivityReporter:
         """Tell the control plane at once that requests wait for `model`. Returns why it
         cannot be placed ("" when it can, or when the control plane could not be asked) and
         whether that is final (no room can be made for it: answer its requests now)."""
-        url = self.control_planes.url + "/v1/demand"
+        base = self.control_planes.url
+        url = base + "/v1/demand"
         try:
             timeout = aiohttp.ClientTimeout(total=10)
             body = orjson.dumps({"model": model, "waiting": waiting})
@@ -100,6 +102,6 @@ class ActivityReporter:
             # A control plane that does not say whether is one that makes no room: final.
             return str(answer.get("reason") or ""), bool(answer.get("final", True))
         except Exception as exc:  # the parked requests wait on; the next demand tries again
-            self.control_planes.failed()
+            self.control_planes.failed(base)
             log.warning("demand for %s not heard: %s", model, exc)
             return "", False

@@ -3,7 +3,9 @@
 With several servers on one database only the leader acts; a standby answers 307 to it (which
 aiohttp follows, method and body kept) or 503 during an election. A router starts at the first
 URL, keeps the one that answered, moves to the one a redirect led to, and tries the next URL
-after a failure, so that a failover costs it one failed call per task, never its table."""
+after a failure, so that a failover costs it one failed call per task, never its table. A
+failure moves on from the server that failed, not from wherever the list points now: the
+route watch and the activity report failing together on one frozen server move once."""
 
 from __future__ import annotations
 
@@ -34,5 +36,7 @@ class ControlPlanes:
             self.urls.append(leader)
         self.current = self.urls.index(leader)
 
-    def failed(self) -> None:
-        self.current = (self.current + 1) % len(self.urls)
+    def failed(self, url: str) -> None:
+        """A call to `url` (this object's `url` when it was made) failed."""
+        if self.urls[self.current] == url:
+            self.current = (self.current + 1) % len(self.urls)

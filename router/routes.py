@@ -161,7 +161,7 @@ class RouteWatcher:
                 log.warning(
                     "route watch of %s failed (%s); serving version %s", base, exc, self.version
                 )
-                self.control_planes.failed()
+                self.control_planes.failed(base)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 

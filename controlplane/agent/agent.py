@@ -50,9 +50,10 @@ class ControlPlaneClient:
     async def post(self, path: str, body: dict, token: str | None = None) -> dict:
         token = token or self.token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        server = self.base_url
         try:
             async with self.session.post(
-                self.base_url + path,
+                server + path,
                 json=body,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=10),
@@ -62,14 +63,20 @@ class ControlPlaneClient:
                 if resp.history:
                     self._lead_at(resp.url)
         except (aiohttp.ClientError, OSError, TimeoutError):
-            self.current = (self.current + 1) % len(self.servers)
+            self._failed(server)
             raise
         if resp.status >= 300:
             if resp.status == 503:  # a standby in an election, or a leader that lost its store
-                self.current = (self.current + 1) % len(self.servers)
+                self._failed(server)
             message = answer.get("error", {}).get("message") if isinstance(answer, dict) else answer
             raise ControlPlaneError(resp.status, str(message))
         return answer
+
+    def _failed(self, server: str) -> None:
+        """Move on from `server`, once: the thousand heartbeats that failed on it together
+        must not walk the list back to it."""
+        if self.servers[self.current] == server:
+            self.current = (self.current + 1) % len(self.servers)
 
     def _lead_at(self, url) -> None:
         leader = str(url.origin())
