@@ -152,13 +152,14 @@ def test_cards_held_on_the_way_out_or_kept_for_another_are_a_wait_not_a_refusal(
     """A blocker that passes (a replica Retiring or Stopping, whose model already counts it
     gone; GPUs kept for another waiting model) means wait: never a final refusal."""
     alpha, beta = model("alpha"), model("beta")
-    for state in (ReplicaState.RETIRING, ReplicaState.STOPPING, ReplicaState.STARTING):
+    for state, beta_keeps in (
+        (ReplicaState.RETIRING, 0),
+        (ReplicaState.STOPPING, 0),
+        (ReplicaState.STARTING, 1),
+    ):
         held = replica("beta-1", "beta", "n1", [0, 1], state=state)
-        plan = plan_room(
-            alpha, inputs([node("n1")], [held], [alpha, beta], desired={"alpha": 1, "beta": 0})
-            if state != ReplicaState.STARTING
-            else inputs([node("n1")], [held], [alpha, beta])
-        )
+        keeps = {"alpha": 1, "beta": beta_keeps}
+        plan = plan_room(alpha, inputs([node("n1")], [held], [alpha, beta], desired=keeps))
         assert plan.placement is None and not plan.final, (state, plan)
         assert f"beta-1: {state}, not Ready" in plan.reason
     one = model("one", gpus=1)
