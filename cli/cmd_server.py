@@ -63,6 +63,13 @@ from controlplane.tokens import load_tokens
     "that do not set min_residency (a duration: 90s, 2m).",
 )
 @click.option(
+    "--room-timeout",
+    default="10m",
+    show_default=True,
+    help="How long GPUs stay kept for a waiting model while the replicas on them stop (as "
+    "long as the routers' --park-timeout), then they are given up.",
+)
+@click.option(
     "--metrics-token",
     default=None,
     envvar="GPUFLEET_METRICS_TOKEN",
@@ -82,6 +89,7 @@ def server(
     node_timeout,
     router_live,
     min_residency,
+    room_timeout,
     metrics_token,
     tls_cert,
     tls_key,
@@ -98,6 +106,7 @@ def server(
     try:
         tokens = load_tokens(token_file)
         residency_s = parse_duration(min_residency, "--min-residency", allow_zero=True)
+        room_timeout_s = parse_duration(room_timeout, "--room-timeout")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if not 0 < lease_renew < lease_ttl:
@@ -122,6 +131,7 @@ def server(
         node_timeout_s=node_timeout,
         router_live_s=router_live,
         min_residency_s=residency_s,
+        room_timeout_s=room_timeout_s,
         metrics_token=metrics_token,
         tls=tls,
         advertise=advertise,

@@ -81,9 +81,13 @@ class Reservation:
     placement: list  # the Slices it will be placed on
     victims: list[str]  # replica ids stopping to free them
     since: float  # wall clock: when requests began to wait for the model
+    made_at: float = 0.0  # wall clock: when the victims were chosen
 
     def gpus(self) -> set[tuple[str, int]]:
         return {(piece.node, index) for piece in self.placement for index in piece.gpus}
+
+    def nodes(self) -> list[str]:
+        return [piece.node for piece in self.placement]
 
 
 class Fleet:

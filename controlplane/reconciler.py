@@ -74,12 +74,16 @@ class Reconciler:
         failed_retention_s: float = 600.0,
         min_residency_s: float = 120.0,
         autoscale_every_s: float = 1.0,
+        room_timeout_s: float = 600.0,
     ) -> None:
         self.fleet = fleet
         self.routes = routes or RouteTable()
         self.node_timeout_s = node_timeout_s
         self.failed_retention_s = failed_retention_s
         self.min_residency_s = min_residency_s  # for specs that do not set min_residency
+        # GPUs kept for a waiting model are given up when its victims have not stopped by
+        # then (a silent router holds one): as a router's parked request gives up.
+        self.room_timeout_s = room_timeout_s
         # Autoscaling decides once a period, not at every tick a heartbeat wakes: "at most
         # doubling a tick" must not double again on the same reports.
         self.autoscale_every_s = autoscale_every_s
@@ -94,7 +98,7 @@ class Reconciler:
             wanted = fleet.wanted()
             asking = {model: f"{n} request(s) waiting" for model, n in wanted.items()}
             asking.update(self._autoscale_all(wanted))
-            self._place_on_reserved()
+            self._place_on_reserved(asking)
             placer = Placer(
                 list(fleet.nodes.values()), fleet.held_gpus() | fleet.reserved_gpus().keys()
             )
@@ -240,10 +244,13 @@ class Reconciler:
             and not gpu_faults(r, fleet.nodes)
         ]
 
-    def _place_on_reserved(self) -> None:
-        """A model whose kept GPUs are free now (its victims stopped) is placed on them."""
+    def _place_on_reserved(self, asking: dict[str, str]) -> None:
+        """A model whose kept GPUs are free now (its victims stopped) is placed on them. GPUs
+        are kept no longer when nobody asks for the model any more, when room came free
+        elsewhere first, or past `room_timeout_s`."""
         fleet = self.fleet
         held = fleet.held_gpus()
+        now = fleet.wall()
         for model, kept in list(fleet.reservations.items()):
             spec = fleet.specs.get(model)
             usable = spec is not None and all(
@@ -254,6 +261,13 @@ class Reconciler:
                 del fleet.reservations[model]  # its model went, or a node: plan again
                 continue
             if kept.gpus() & held:
+                given_up = self._give_up_room(spec, kept, asking, held, now)
+                if given_up:
+                    del fleet.reservations[model]
+                    fleet.room.pop(model, None)
+                    fleet.event(
+                        model, f"GPUs on {', '.join(kept.nodes())} no longer kept: {given_up}"
+                    )
                 continue  # a victim is still stopping
             del fleet.reservations[model]
             placed = sum(1 for r in fleet.replicas_of(model) if r.state in LIVE)
@@ -268,6 +282,19 @@ class Reconciler:
             )
             fleet.room.pop(model, None)
             fleet.set_reason(model, "")
+
+    def _give_up_room(self, spec, kept, asking: dict[str, str], held, now: float) -> str:
+        """Why GPUs kept for `spec` while its victims stop should be kept no longer ("" to
+        keep them)."""
+        if spec.name not in asking:
+            return "no request waits for it any more"
+        if now - kept.made_at > self.room_timeout_s:
+            return f"its victims did not stop within {duration(self.room_timeout_s)}"
+        others = {gpu for other in self.fleet.reservations.values() if other is not kept
+                  for gpu in other.gpus()}  # fmt: skip
+        if Placer(list(self.fleet.nodes.values()), held | others).place(spec, 1).placements:
+            return "room came free elsewhere first"
+        return ""
 
     def _autoscale_all(self, wanted: dict[str, int]) -> dict[str, str]:
         """Autoscaled models move towards their load (controlplane/autoscale.py), once a
@@ -411,7 +438,11 @@ class Reconciler:
             )
             self.stops["room"] = self.stops.get("room", 0) + 1
         fleet.reservations[spec.name] = Reservation(
-            spec.name, plan.placement, [v.id for v in plan.victims], fleet.demand_since[spec.name]
+            spec.name,
+            plan.placement,
+            [v.id for v in plan.victims],
+            fleet.demand_since[spec.name],
+            now,
         )
         nodes = ", ".join(piece.node for piece in plan.placement)
         reason = f"waiting for room: stopping {names} on {nodes}"

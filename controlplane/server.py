@@ -44,6 +44,7 @@ class Settings:
     node_timeout_s: float = 15.0
     router_live_s: float = 10.0
     min_residency_s: float = 120.0
+    room_timeout_s: float = 600.0
     metrics_token: str | None = None
     tls: object = None
     advertise: str | None = None  # the URL standbys send callers to; default: the listener's
@@ -73,6 +74,7 @@ def begin_term(store, settings: Settings, epoch: int = 0, clock_offset_s: float 
         fleet,
         node_timeout_s=settings.node_timeout_s,
         min_residency_s=settings.min_residency_s,
+        room_timeout_s=settings.room_timeout_s,
         autoscale_every_s=settings.tick_s,
     )
     reconciler.tick()

@@ -1,0 +1,89 @@
+"""GPUs kept for a waiting model while its victims stop are kept no longer than they serve it:
+given up when nobody waits any more, when room comes free elsewhere first, and when the
+victims have not stopped by the room timeout (a silent router holds one)."""
+
+from controlplane.model import ReplicaState
+from tests.controlplane.conftest import make_node, spec
+from tests.controlplane.test_reconciler import ready_all
+
+
+def report(reconciler, replicas, waiting=None, router="edge"):
+    return {
+        "router": router,
+        "incarnation": "i1",
+        "uptime_s": 1000,
+        "route_version": reconciler.routes.version,
+        "used": {},
+        "watched": {r: 1000 for r in replicas},
+        "in_flight": {},
+        "waiting": waiting or {},
+    }
+
+
+def swap_under_way(make_fleet, clock):
+    """alpha holds n1's two GPUs, idle; beta waits for them: alpha retires, n1 is kept for
+    beta, and a silent router still holds alpha's route, so it does not stop."""
+    fleet, reconciler = make_fleet()
+    reconciler.min_residency_s = 0
+    reconciler.room_timeout_s = 60
+    fleet.register(make_node("n1", gpus=2))
+    fleet.apply(spec(name="alpha", gpus_per_replica=2, replicas=1, min_replicas=0))
+    fleet.apply(spec(name="beta", gpus_per_replica=2, replicas=1, min_replicas=0))
+    reconciler.tick()
+    ready_all(fleet, "n1")
+    reconciler.tick()
+    (alpha,) = fleet.replicas
+    fleet.idle.report(report(reconciler, [alpha], router="cut"))
+    fleet.idle.report(report(reconciler, [alpha], {"beta": 2}))
+    fleet.demand("beta", 2)
+    reconciler.tick()
+    assert fleet.replicas[alpha].state == ReplicaState.RETIRING and "beta" in fleet.reservations
+    clock.advance(11)  # "cut" falls silent after the plan, alpha still in its table
+    fleet.heartbeat("n1", {"replicas": {alpha: {"state": "Ready", "url": "http://h:1"}}})
+    fleet.idle.report(report(reconciler, [], {"beta": 2}))
+    fleet.demand("beta", 2)
+    reconciler.tick()
+    assert "silent router cut" in fleet.replicas[alpha].reason
+    return fleet, reconciler, alpha
+
+
+def test_the_kept_gpus_wait_for_the_victim_while_requests_wait(make_fleet, clock):
+    fleet, reconciler, alpha = swap_under_way(make_fleet, clock)
+    assert fleet.replicas[alpha].state == ReplicaState.RETIRING
+    assert "beta" in fleet.reservations
+    clock.advance(5)
+    fleet.idle.report(report(reconciler, [], {"beta": 2}))
+    reconciler.tick()
+    assert "beta" in fleet.reservations, "within the room timeout, with requests waiting"
+
+
+def test_gpus_are_given_up_when_nobody_waits_any_more(make_fleet, clock):
+    fleet, reconciler, alpha = swap_under_way(make_fleet, clock)
+    clock.advance(11)  # the demand is older than a router's lease
+    fleet.idle.report(report(reconciler, [], {}))
+    reconciler.tick()
+    assert "beta" not in fleet.reservations
+    assert any("no request waits for it any more" in e for _, e in fleet.events["beta"])
+
+
+def test_gpus_are_given_up_when_the_victims_do_not_stop_in_time(make_fleet, clock):
+    fleet, reconciler, alpha = swap_under_way(make_fleet, clock)
+    for _ in range(7):
+        clock.advance(10)
+        fleet.heartbeat("n1", {"replicas": {alpha: {"state": "Ready", "url": "http://h:1"}}})
+        fleet.idle.report(report(reconciler, [], {"beta": 2}))
+        reconciler.tick()
+    assert "beta" not in fleet.reservations
+    assert any("did not stop within 1m" in e for _, e in fleet.events["beta"])
+    assert fleet.replicas[alpha].state == ReplicaState.RETIRING, "the silent router still holds it"
+
+
+def test_gpus_are_given_up_when_room_comes_free_elsewhere_first(make_fleet, clock):
+    fleet, reconciler, alpha = swap_under_way(make_fleet, clock)
+    fleet.register(make_node("n2", gpus=2))
+    fleet.idle.report(report(reconciler, [], {"beta": 2}))
+    reconciler.tick()
+    assert "beta" not in fleet.reservations
+    (beta,) = [r for r in fleet.replicas.values() if r.model == "beta"]
+    assert beta.nodes == ["n2"], "placed where room came free, not on the victim's cards"
+    assert any("room came free elsewhere first" in e for _, e in fleet.events["beta"])
