@@ -179,6 +179,7 @@ async def post_demand(request: web.Request) -> web.Response:
         raise ApiError(400, "waiting: a non-negative integer", "invalid_request", "waiting")
     fleet = term(request).fleet
     spec = fleet.demand(model, waiting)
+    fleet.flush_records()  # stored before the answer, as every change is
 
     def ready() -> int:
         return sum(

@@ -26,6 +26,7 @@ from controlplane.model import (
     SpecError,
     validate_spec,
 )
+from controlplane.records import ModelRecords, Reservation
 from controlplane.redact import keep_stored
 from controlplane.store import Store
 
@@ -72,24 +73,6 @@ REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopping",
 SWAPS_KEPT = 1000
 
 
-@dataclass
-class Reservation:
-    """GPUs kept for a waiting model while the replicas on them stop: nothing else is placed
-    there, nothing wakes them, until the model is placed on them."""
-
-    model: str
-    placement: list  # the Slices it will be placed on
-    victims: list[str]  # replica ids stopping to free them
-    since: float  # wall clock: when requests began to wait for the model
-    made_at: float = 0.0  # wall clock: when the victims were chosen
-
-    def gpus(self) -> set[tuple[str, int]]:
-        return {(piece.node, index) for piece in self.placement for index in piece.gpus}
-
-    def nodes(self) -> list[str]:
-        return [piece.node for piece in self.placement]
-
-
 class Fleet:
     def __init__(
         self, store: Store, idle: IdleTracker | None = None, clock=time.monotonic, wall=time.time
@@ -115,16 +98,19 @@ class Fleet:
         self.scaled: dict[str, int] = store.load_scaled()
         # model -> when requests last woke it: a wake counts as a use of the model, so what
         # woke is not stopped again before it had the time to serve them
-        self.woken_at: dict[str, float] = {}
+        # Kept as records (controlplane/records.py), written once a tick: a new leader goes on.
+        self.records = ModelRecords(store.load_records())
+        kept = self.records.loaded()
+        self.woken_at: dict[str, float] = kept["woken_at"]
         # Making room (controlplane/room.py): model -> when requests began to wait for it, and
         # when a router last said so; what is reserved for whom; why a model gets no room.
-        self.demand_since: dict[str, float] = {}
-        self.demanded_at: dict[str, float] = {}
-        self.reservations: dict[str, Reservation] = {}
+        self.demand_since: dict[str, float] = kept["demand_since"]
+        self.demanded_at: dict[str, float] = kept["demanded_at"]
+        self.reservations: dict[str, Reservation] = kept["reservation"]
         self.room: dict[str, dict] = {}
         self.swapping: dict[str, tuple[str, float]] = {}  # replica -> (model, demand since)
         self.swaps: deque = deque(maxlen=SWAPS_KEPT)  # (at, model, demand-to-Ready seconds)
-        self.swap_totals: dict[str, int] = {}
+        self.swap_totals: dict[str, int] = kept["swaps"]
         self.swap_seconds = Histogram(SWAP_BUCKETS)
         # Autoscaling (controlplane/autoscale.py): model -> its recommendation window, kept in
         # the store; and what the last decision said and was, for `gpuctl models` and /metrics.
@@ -587,6 +573,19 @@ class Fleet:
         routers, removed, gaps = self.idle.take_dirty_routers()
         if routers or removed or gaps:
             self.store.put_routers([r.to_dict() for r in routers], removed, gaps)
+
+    def flush_records(self) -> None:
+        """Write the leader's per-model records that changed (once a tick)."""
+        self.records.flush(
+            self.store,
+            {
+                "reservation": self.reservations,
+                "demand_since": self.demand_since,
+                "demanded_at": self.demanded_at,
+                "woken_at": self.woken_at,
+                "swaps": self.swap_totals,
+            },
+        )
 
     def held_gpus(self) -> set[tuple[str, int]]:
         return {

@@ -78,6 +78,7 @@ COLUMNS = {
     "scaled": ("model", "replicas"),
     "autoscale_windows": ("model", "body"),
     "node_credentials": ("node", "digest"),
+    "records": ("key", "body"),
 }
 UPSERT = {table: upsert(table, columns[0], len(columns)) for table, columns in COLUMNS.items()}
 
@@ -175,6 +176,9 @@ class PostgresStore:
     def load_credentials(self):
         return dict(self.rows["node_credentials"])
 
+    def load_records(self):
+        return {key: bytes(body) for key, body in self.rows["records"]}
+
     # what the fleet changes
 
     @contextlib.contextmanager
@@ -250,6 +254,9 @@ class PostgresStore:
 
     def put_credential(self, node: str, digest: str | None) -> None:
         self._put_or_delete("node_credentials", node, digest)
+
+    def put_record(self, key: str, body: bytes | None) -> None:
+        self._put_or_delete("records", key, body)
 
     def delete_node(self, name: str) -> None:
         with self.batch():

@@ -12,11 +12,12 @@ import asyncio
 import time
 
 from controlplane.autoscale import decide
-from controlplane.fleet import Fleet, Reservation
+from controlplane.fleet import Fleet
 from controlplane.idle import IdleState
 from controlplane.model import ReplicaState, Schedulable, gpu_faults
 from controlplane.model import format_duration as duration
 from controlplane.placement import Placer, eligible
+from controlplane.records import Reservation
 from controlplane.room import RoomInputs, plan_room
 from controlplane.scaling import plan_idle_stops
 
@@ -112,6 +113,7 @@ class Reconciler:
             self._stop_orphans()
             self._stop_retired()
             fleet.flush_activity()
+            fleet.flush_records()
         self.routes.publish(
             self._routing_table(),
             {s.name: s.affinity for s in fleet.specs.values() if s.affinity is not None},

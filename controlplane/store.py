@@ -50,6 +50,8 @@ class Store(Protocol):
     def put_credential(self, node: str, digest: str | None) -> None: ...
     def delete_node(self, name: str) -> None: ...
     def put_window(self, model: str, window: dict | None) -> None: ...
+    def load_records(self) -> dict[str, bytes]: ...
+    def put_record(self, key: str, body: bytes | None) -> None: ...
     async def sync(self) -> None: ...  # returns once every change made so far is committed
     def close(self) -> None: ...
 
@@ -75,6 +77,11 @@ MIGRATIONS = [
     """,
     """
     CREATE TABLE node_credentials (node TEXT PRIMARY KEY, digest TEXT NOT NULL);
+    """,
+    # What the leader acts on between ticks, per model: reservations of room, demand, wakes,
+    # swap counts (controlplane/records.py); a new leader carries on from them.
+    """
+    CREATE TABLE records (key TEXT PRIMARY KEY, body {blob} NOT NULL);
     """,
 ]
 SQLITE_TYPES = {"blob": "BLOB", "real": "REAL"}
@@ -244,6 +251,16 @@ class SqliteStore:
                     "INSERT OR REPLACE INTO autoscale_windows VALUES (?, ?)",
                     (model, orjson.dumps(window)),
                 )
+
+    def load_records(self) -> dict[str, bytes]:
+        return {key: bytes(body) for key, body in self.db.execute("SELECT key, body FROM records")}
+
+    def put_record(self, key: str, body: bytes | None) -> None:
+        with self.batch():
+            if body is None:
+                self.db.execute("DELETE FROM records WHERE key = ?", (key,))
+            else:
+                self.db.execute("INSERT OR REPLACE INTO records VALUES (?, ?)", (key, body))
 
     async def sync(self) -> None:
         """Every change is committed as it is made here: nothing waits."""

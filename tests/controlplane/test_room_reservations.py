@@ -87,3 +87,22 @@ def test_gpus_are_given_up_when_room_comes_free_elsewhere_first(make_fleet, cloc
     (beta,) = [r for r in fleet.replicas.values() if r.model == "beta"]
     assert beta.nodes == ["n2"], "placed where room came free, not on the victim's cards"
     assert any("room came free elsewhere first" in e for _, e in fleet.events["beta"])
+
+
+def test_a_restart_keeps_the_gpus_kept_and_the_demand(make_fleet, clock):
+    """Reservations are records: a restarted (or new) leader does not hand the victims' GPUs
+    to anyone else, and knows how long the requests have waited."""
+    fleet, reconciler, alpha = swap_under_way(make_fleet, clock)
+    kept = fleet.reservations["beta"]
+    since, woken = fleet.demand_since["beta"], fleet.woken_at["beta"]
+    fleet.swap_totals["alpha"] = 3
+    fleet.flush_records()
+    again, reconciler = make_fleet()
+    assert again.reservations["beta"] == kept
+    assert again.reserved_gpus() == {("n1", 0): "beta", ("n1", 1): "beta"}
+    assert (again.demand_since["beta"], again.woken_at["beta"]) == (since, woken)
+    assert again.swap_totals == {"alpha": 3}
+    # What went is gone from the store too.
+    del again.reservations["beta"]
+    again.flush_records()
+    assert "beta" not in make_fleet()[0].reservations

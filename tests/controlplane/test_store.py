@@ -97,6 +97,9 @@ def test_round_trip_of_everything_kept(stores):
         store.put_window("m", {"samples": [[1.0, 2]]})
         store.put_credential("n1", "digest")
         store.put_routers([{"id": "r1", "uptime_s": 5.0}], [], {"m-1": 99.0})
+        store.put_record("demand_since/m", b"12.5")
+        store.put_record("woken_at/m", b"13.5")
+        store.put_record("woken_at/m", None)
     stores.commit(store)
     stores.close(store)
     again = stores.open()
@@ -109,6 +112,7 @@ def test_round_trip_of_everything_kept(stores):
     assert again.load_windows() == {"m": {"samples": [[1.0, 2]]}}
     assert again.load_credentials() == {"n1": "digest"}
     assert again.load_routers() == ([{"id": "r1", "uptime_s": 5.0}], {"m-1": 99.0})
+    assert again.load_records() == {"demand_since/m": b"12.5"}
     stores.close(again)
 
 
