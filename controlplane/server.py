@@ -77,7 +77,10 @@ def begin_term(store, settings: Settings, epoch: int = 0, clock_offset_s: float 
         room_timeout_s=settings.room_timeout_s,
         autoscale_every_s=settings.tick_s,
     )
-    reconciler.tick()
+    try:
+        reconciler.tick()
+    except Exception:  # the tick loop tries again, and ends the term if it fails again
+        log.exception("the first reconcile tick of a term failed")
     return Term(fleet, reconciler, epoch)
 
 
@@ -115,19 +118,32 @@ async def listen(settings: Settings, leadership, stop: asyncio.Event) -> web.App
 async def serve_sole(settings: Settings, stop: asyncio.Event) -> None:
     store = SqliteStore(settings.state)
     term = begin_term(store, settings)
+    sole = Sole(term, settings.url)
     try:
-        runner = await listen(settings, Sole(term, settings.url), stop)
+        runner = await listen(settings, sole, stop)
     except OSError:
         store.close()
         raise
     log.info("gpuctl server listening on %s, state in %s", settings.url, settings.state)
-    ticker = asyncio.create_task(tick_loop(term, settings.tick_s))
     lag = asyncio.create_task(watch_loop_lag(log))
+    stopping = asyncio.create_task(stop.wait())
+    ticker = asyncio.create_task(tick_loop(term, settings.tick_s))
     try:
-        await stop.wait()
+        while True:
+            await asyncio.wait({ticker, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done():
+                break
+            # A tick failed: its writes were rolled back, so its changes in memory are not
+            # stored. Memory is loaded again from the store rather than served apart from it.
+            log.error("reloading the state from %s after a failed tick", settings.state)
+            end_term(term)
+            term = begin_term(store, settings)
+            sole.term = term
+            ticker = asyncio.create_task(tick_loop(term, settings.tick_s))
     finally:
         ticker.cancel()
         lag.cancel()
+        stopping.cancel()
         await asyncio.gather(ticker, lag, return_exceptions=True)
         end_term(term)  # before the cleanup, which would wait out each route watcher's poll
         await runner.cleanup()
@@ -187,12 +203,17 @@ async def lead(settings, pool, lease: Lease, leadership: Elected, epoch: int, st
     leadership.bind(term)
     log.info("leading (epoch %d), state loaded in %.2f s", epoch, time.perf_counter() - started)
     ticker = asyncio.create_task(tick_loop(term, settings.tick_s, lambda: lease.held))
-    await asyncio.wait({holding, store.writer, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(
+        {holding, store.writer, stopping, ticker}, return_when=asyncio.FIRST_COMPLETED
+    )
     leadership.bind(None)
     ticker.cancel()
     await asyncio.gather(ticker, return_exceptions=True)
     end_term(term)
-    if stopping.done():  # a clean stop: commit what was accepted, then hand the lease over
+    # A failed tick ends the term as a clean stop does: what was accepted before it is
+    # committed, the tick's own changes were never queued; the next term loads the state anew.
+    failed_tick = ticker.done() and not ticker.cancelled() and ticker.result() is TICK_FAILED
+    if stopping.done() or failed_tick:  # commit what was accepted, then hand the lease over
         await store.drain()
         holding.cancel()
         await asyncio.gather(holding, return_exceptions=True)
@@ -203,8 +224,13 @@ async def lead(settings, pool, lease: Lease, leadership: Elected, epoch: int, st
         store.close()
 
 
-async def tick_loop(term: Term, tick_s: float, may_act=lambda: True) -> None:
-    """`may_act`: False once this server may no longer lead (its lease's deadline passed)."""
+TICK_FAILED = "tick failed"
+
+
+async def tick_loop(term: Term, tick_s: float, may_act=lambda: True) -> str | None:
+    """`may_act`: False once this server may no longer lead (its lease's deadline passed).
+    Returns TICK_FAILED after a tick that raised: the term's memory may hold changes that were
+    rolled back, so the term must end."""
     reconciler, wake, stats = term.reconciler, term.wake, term.stats
     took = 0.0
     while True:
@@ -226,8 +252,12 @@ async def tick_loop(term: Term, tick_s: float, may_act=lambda: True) -> None:
         started = time.perf_counter()
         try:
             reconciler.tick()
-        except Exception:  # one bad tick must not stop the control plane
-            log.exception("reconcile tick failed")
+        except Exception:  # one bad tick must not stop the control plane, nor its memory
+            log.exception("reconcile tick failed")  # drift from what is stored: the term ends
+            for done in waiting:
+                if not done.done():
+                    done.set_result(None)
+            return TICK_FAILED
         stats["ticks"] += 1
         reconciler.fleet.idle.forget_gone()
         for done in waiting:
