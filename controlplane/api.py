@@ -17,7 +17,7 @@ from controlplane.model import ReplicaState, Schedulable, SpecError, parse_durat
 from controlplane.paging import BadPage, bounds, page
 from controlplane.redact import public_spec
 from controlplane.scaling import plan_stop_idle
-from controlplane.store import StoreUnavailable
+from controlplane.store import OutcomeUnknown, StoreUnavailable
 from controlplane.summary import model_rows, node_rows, replica_rows, summary
 
 TOKENS_KEY = web.AppKey("tokens", dict)
@@ -109,6 +109,13 @@ async def leader_only(request: web.Request, handler):
     response = await handler(request)
     try:
         await current.fleet.store.sync()
+    except OutcomeUnknown as exc:
+        # Not a 503: a client must not send it again as if it had not been made.
+        return error_response(
+            504,
+            f"the change may or may not have been stored ({exc}): read the state to see",
+            "outcome_unknown",
+        )
     except StoreUnavailable as exc:
         return unavailable(f"the change could not be stored ({exc}); it was not made")
     return response

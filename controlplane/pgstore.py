@@ -27,7 +27,7 @@ import asyncpg
 import orjson
 
 from controlplane.model import ModelSpec, Node, Replica
-from controlplane.store import MIGRATIONS, StoreUnavailable, statements
+from controlplane.store import MIGRATIONS, OutcomeUnknown, StoreUnavailable, statements
 
 log = logging.getLogger("gpufleet.store")
 POSTGRES_TYPES = {"blob": "BYTEA", "real": "DOUBLE PRECISION"}
@@ -137,6 +137,8 @@ class PostgresStore:
         self.current: list[tuple[str, tuple]] | None = None  # the open batch's statements
         self.queued = 0  # transactions queued this term
         self.committed = 0
+        self.sending = 0  # transactions up to this one are in the commit now being made
+        self.began = False  # whether that commit's transaction has begun on a connection
         self.failure: StoreUnavailable | None = None
         self.waiters: list[tuple[int, asyncio.Future]] = []
         self.wake = asyncio.Event()
@@ -287,13 +289,21 @@ class PostgresStore:
             self.wake.clear()
             while self.queue:
                 taken, self.queue = self.queue, []
+                self.sending = self.committed + len(taken)
+                self.began = False
                 try:
                     await self._commit([s for transaction in taken for s in transaction])
                 except Exception as exc:  # noqa: BLE001 - any failure ends the term alike
-                    self._fail(exc)
+                    self._fail(exc, self._sent_and_unknown(exc))
                     return
                 self.committed += len(taken)
                 self._answer_waiters()
+
+    def _sent_and_unknown(self, exc: Exception) -> bool:
+        """Whether a failed commit may have gone through: not before its transaction began
+        (no connection: nothing was sent), nor when the fence refused it, nor when the
+        database answered with an error (it rolled the transaction back)."""
+        return self.began and not isinstance(exc, (Fenced, asyncpg.PostgresError))
 
     async def _commit(self, changes: list[tuple[str, tuple]]) -> None:
         """One transaction for everything queued since the last: runs of one statement are
@@ -301,6 +311,7 @@ class PostgresStore:
         if not self.may_write():
             raise Fenced(f"the lease of epoch {self.epoch} ran out before it was renewed")
         async with self.pool.acquire() as conn, conn.transaction():
+            self.began = True
             epoch = await conn.fetchval(FENCE)
             if epoch != self.epoch:
                 raise Fenced(f"the lease is at epoch {epoch}, this server led epoch {self.epoch}")
@@ -318,12 +329,23 @@ class PostgresStore:
                 still.append((upto, future))
         self.waiters = still
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: Exception, unknown: bool = False) -> None:
         failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(str(exc))
         log.error("a change could not be committed: %s", failure)
         self.failure = failure
-        for _, future in self.waiters:
-            if not future.done():
+        self._refuse_waiters(failure, unknown)
+
+    def _refuse_waiters(self, failure: StoreUnavailable, unknown: bool) -> None:
+        """Waiters for changes the failed commit carried hear that its outcome is not known
+        (`unknown`); the others, whose changes were never sent, that they were not made."""
+        for upto, future in self.waiters:
+            if future.done():
+                continue
+            if unknown and upto <= self.sending:
+                future.set_exception(
+                    OutcomeUnknown(f"the commit was cut short ({failure}); it may have been made")
+                )
+            else:
                 future.set_exception(failure)
         self.waiters = []
 
@@ -334,11 +356,10 @@ class PostgresStore:
         self.close()
 
     def close(self) -> None:
+        # A commit in flight now is cut: what it carried may or may not be stored.
+        in_flight = self.writer is not None and self.began and self.sending > self.committed
         if self.writer is not None:
             self.writer.cancel()
         if self.failure is None:
             self.failure = StoreUnavailable("this server's term has ended")
-        for _, future in self.waiters:
-            if not future.done():
-                future.set_exception(self.failure)
-        self.waiters = []
+        self._refuse_waiters(self.failure, in_flight)

@@ -30,6 +30,11 @@ class StoreUnavailable(Exception):
     """A change could not be committed: the database is gone or this server no longer leads."""
 
 
+class OutcomeUnknown(StoreUnavailable):
+    """A change was sent to the database and its commit may have gone through: the term ended,
+    or the connection broke, before the answer came. Nobody may send it again on its own."""
+
+
 class Store(Protocol):
     def load(
         self,

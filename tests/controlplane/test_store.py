@@ -9,7 +9,7 @@ import pytest
 from controlplane.lease import Lease
 from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
 from controlplane.pgstore import PostgresStore, connect_pool, migrate
-from controlplane.store import MIGRATIONS, SqliteStore, StoreUnavailable
+from controlplane.store import MIGRATIONS, OutcomeUnknown, SqliteStore, StoreUnavailable
 
 
 class SqliteStores:
@@ -181,5 +181,38 @@ def test_a_deposed_leaders_write_is_refused_and_the_successors_state_stands(post
         ]
         for store in (old, new, third):
             stores.close(store)
+    finally:
+        stores.finish()
+
+
+def test_a_term_ended_mid_commit_says_the_outcome_is_unknown_not_that_nothing_was_made(
+    postgres_dsn,
+):
+    """The commit carrying `sent` is on its way when the term ends: it may have gone through,
+    and its caller hears so; `later`, queued behind it and never sent, was not made."""
+    stores = PostgresStores(postgres_dsn)
+    try:
+        store = stores.open()
+
+        async def cut_mid_commit():
+            blocker = await stores.pool.acquire()
+            held = blocker.transaction()
+            await held.start()
+            await blocker.execute("SELECT 1 FROM leader_lease WHERE id = 1 FOR UPDATE")
+            store.put_spec(spec("sent"))
+            sent = asyncio.ensure_future(store.sync())
+            await asyncio.sleep(0.3)  # the commit waits on the lease row's lock
+            store.put_spec(spec("later"))
+            later = asyncio.ensure_future(store.sync())
+            await asyncio.sleep(0)
+            store.close()  # the term ends
+            outcomes = await asyncio.gather(sent, later, return_exceptions=True)
+            await held.rollback()
+            await stores.pool.release(blocker)
+            return outcomes
+
+        sent, later = stores.run(cut_mid_commit())
+        assert isinstance(sent, OutcomeUnknown), sent
+        assert isinstance(later, StoreUnavailable) and not isinstance(later, OutcomeUnknown)
     finally:
         stores.finish()
