@@ -138,7 +138,7 @@ class PostgresStore:
         self.queued = 0  # transactions queued this term
         self.committed = 0
         self.sending = 0  # transactions up to this one are in the commit now being made
-        self.began = False  # whether that commit's transaction has begun on a connection
+        self.committing = False  # whether that commit's COMMIT has been sent
         self.failure: StoreUnavailable | None = None
         self.waiters: list[tuple[int, asyncio.Future]] = []
         self.wake = asyncio.Event()
@@ -290,7 +290,7 @@ class PostgresStore:
             while self.queue:
                 taken, self.queue = self.queue, []
                 self.sending = self.committed + len(taken)
-                self.began = False
+                self.committing = False
                 try:
                     await self._commit([s for transaction in taken for s in transaction])
                 except Exception as exc:  # noqa: BLE001 - any failure ends the term alike
@@ -300,10 +300,10 @@ class PostgresStore:
                 self._answer_waiters()
 
     def _sent_and_unknown(self, exc: Exception) -> bool:
-        """Whether a failed commit may have gone through: not before its transaction began
-        (no connection: nothing was sent), nor when the fence refused it, nor when the
-        database answered with an error (it rolled the transaction back)."""
-        return self.began and not isinstance(exc, (Fenced, asyncpg.PostgresError))
+        """Whether a failed commit may have gone through: only once COMMIT was sent and no
+        answer came (a statement cut before it leaves the transaction to roll back), and
+        not when the database answered with an error (it rolled the transaction back)."""
+        return self.committing and not isinstance(exc, asyncpg.PostgresError)
 
     async def _commit(self, changes: list[tuple[str, tuple]]) -> None:
         """One transaction for everything queued since the last: runs of one statement are
@@ -311,13 +311,13 @@ class PostgresStore:
         if not self.may_write():
             raise Fenced(f"the lease of epoch {self.epoch} ran out before it was renewed")
         async with self.pool.acquire() as conn, conn.transaction():
-            self.began = True
             epoch = await conn.fetchval(FENCE)
             if epoch != self.epoch:
                 raise Fenced(f"the lease is at epoch {epoch}, this server led epoch {self.epoch}")
             for sql, run in groupby(changes, key=lambda change: change[0]):
                 await conn.executemany(sql, [args for _, args in run])
             await conn.execute(RECORD_WRITE, self.epoch)
+            self.committing = True  # leaving the block sends COMMIT
 
     def _answer_waiters(self) -> None:
         still = []
@@ -357,7 +357,7 @@ class PostgresStore:
 
     def close(self) -> None:
         # A commit in flight now is cut: what it carried may or may not be stored.
-        in_flight = self.writer is not None and self.began and self.sending > self.committed
+        in_flight = self.writer is not None and self.committing and self.sending > self.committed
         if self.writer is not None:
             self.writer.cancel()
         if self.failure is None:

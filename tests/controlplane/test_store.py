@@ -188,28 +188,32 @@ def test_a_deposed_leaders_write_is_refused_and_the_successors_state_stands(post
 def test_a_term_ended_mid_commit_says_the_outcome_is_unknown_not_that_nothing_was_made(
     postgres_dsn,
 ):
-    """The commit carrying `sent` is on its way when the term ends: it may have gone through,
-    and its caller hears so; `later`, queued behind it and never sent, was not made."""
+    """The COMMIT carrying `sent` is on its way when the term ends (a deferred trigger holds
+    it): it may go through, and its caller hears so; `later`, queued behind it and never
+    sent, was not made."""
     stores = PostgresStores(postgres_dsn)
     try:
+        stores.run(
+            stores.pool.execute(
+                """
+                CREATE FUNCTION slow_commit() RETURNS trigger AS
+                    'BEGIN PERFORM pg_sleep(1); RETURN NULL; END' LANGUAGE plpgsql;
+                CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON specs
+                    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
+                """
+            )
+        )
         store = stores.open()
 
         async def cut_mid_commit():
-            blocker = await stores.pool.acquire()
-            held = blocker.transaction()
-            await held.start()
-            await blocker.execute("SELECT 1 FROM leader_lease WHERE id = 1 FOR UPDATE")
             store.put_spec(spec("sent"))
             sent = asyncio.ensure_future(store.sync())
-            await asyncio.sleep(0.3)  # the commit waits on the lease row's lock
+            await asyncio.sleep(0.4)  # COMMIT is sent; the trigger holds it
             store.put_spec(spec("later"))
             later = asyncio.ensure_future(store.sync())
             await asyncio.sleep(0)
             store.close()  # the term ends
-            outcomes = await asyncio.gather(sent, later, return_exceptions=True)
-            await held.rollback()
-            await stores.pool.release(blocker)
-            return outcomes
+            return await asyncio.gather(sent, later, return_exceptions=True)
 
         sent, later = stores.run(cut_mid_commit())
         assert isinstance(sent, OutcomeUnknown), sent
