@@ -7,8 +7,9 @@ given a model's load and its window of past recommendations, how many replicas t
 |                                                | Ready replica straight to what is asked      |
 | fewer, but not for all of `scale_down_delay`   | nothing: the highest recommendation over the |
 |                                                | window wins (Kubernetes' HPA stabilization)  |
-| fewer for the whole window                     | in by one replica a tick, unless the smaller |
-|                                                | count would be back over target (N/(N-1))    |
+| fewer for the whole window                     | in by one replica a tick (the smaller count  |
+|                                                | is never over target: it is at least the     |
+|                                                | recommendation, ceil(load / target))         |
 | a silent router holds the model                | never in: its load is not known              |
 
 load = requests in flight on the model's replicas plus its waiting requests, summed over live
@@ -87,9 +88,6 @@ def decide(
         delay = format_duration(spec.scale_down_delay_s)
         return Decision(current, wanted, f"{said} -> {wanted}; in after {delay} lower", window)
     smaller = current - 1
-    if smaller > 0 and load / smaller > spec.target_in_flight:
-        why = f"{said} -> {wanted}; {smaller} would be over target"
-        return Decision(current, wanted, why, window)
     return Decision(smaller, wanted, f"{said} -> {wanted}" + _partway(smaller, wanted), window)
 
 

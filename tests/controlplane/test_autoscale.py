@@ -1,5 +1,7 @@
 """Autoscaling on load as a pure step: cases, then properties over random loads and windows."""
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,12 +75,17 @@ def test_a_silent_router_freezes_scale_in_and_a_restart_keeps_the_window():
     assert decide(s, 4, 4, 0, 0, restored, T0 + 61).replicas == 3, "nor forgotten"
 
 
-def test_the_smaller_count_is_not_taken_when_it_would_be_over_target():
-    s = spec(target=4, delay=10)
-    window = Window([(T0, 1)], since=T0)
-    # 5 in flight on 2: recommended ceil(5/4) = 2 -> stays. A target that rounds is the case
-    # Dynamo met; ceil keeps the check from ever firing here, and it stays as the guard.
-    assert decide(s, 2, 2, 5, 0, window, T0 + 20).replicas == 2
+def test_scaling_in_never_leaves_the_model_over_target():
+    """One in a tick, down to the recommendation: the smaller count carries the load within
+    target, whatever the target's rounding (Dynamo's case: 5 in flight, target 2.5)."""
+    for target, load in ((4, 5), (2.5, 5), (2.5, 6), (1, 3)):
+        s = spec(target=target, delay=10, high=9)
+        window = Window([(T0, 1)], since=T0)
+        current = 6
+        for second in range(20, 40):
+            current = decide(s, current, current, load, 0, window, T0 + second).replicas
+            assert load / current <= target, (target, load, current)
+        assert current == math.ceil(load / target), "it comes down to what the load needs"
 
 
 @st.composite
