@@ -268,9 +268,29 @@ async def post_activity(request: web.Request) -> web.Response:
 # agents
 
 
+def proposed_credential(body) -> str | None:
+    """The SHA-256 of a credential the agent made itself (`credential_sha256`), taken out of
+    the body: an agent whose first answer was lost then knows its credential all the same."""
+    if not isinstance(body, dict) or "credential_sha256" not in body:
+        return None
+    kept = body.pop("credential_sha256")
+    if not (isinstance(kept, str) and len(kept) == 64 and all(c in HEX for c in kept)):
+        raise ApiError(
+            400,
+            "credential_sha256: 64 lowercase hex digits",
+            "invalid_request",
+            "credential_sha256",
+        )
+    return kept
+
+
+HEX = frozenset("0123456789abcdef")
+
+
 async def register_node(request: web.Request) -> web.Response:
     fleet = term(request).fleet
     body = await body_of(request)
+    proposed = proposed_credential(body)
     caller = request.get(CALLER_KEY)
     name = body.get("name") if isinstance(body, dict) else None
     if caller is not None and "admin" not in caller.roles and caller.node != name:
@@ -287,10 +307,16 @@ async def register_node(request: web.Request) -> web.Response:
                 f" (or an admin deletes the node: gpuctl nodes delete {name})",
                 "forbidden",
             )
+    if proposed is not None and fleet.credentials.node_of(proposed) not in (None, name):
+        raise ApiError(409, "credential_sha256: another node's credential", "conflict")
     node = fleet.register(body)
     answer = node.to_dict()
     if request.app[TOKENS_KEY] and node.name not in fleet.credentials:
-        answer["credential"] = fleet.issue_credential(node.name)
+        if proposed is not None:
+            fleet.keep_credential(node.name, proposed)
+            answer["credential_accepted"] = True
+        else:
+            answer["credential"] = fleet.issue_credential(node.name)
     wake(request)
     return json_response(answer, 201)
 

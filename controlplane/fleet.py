@@ -259,9 +259,13 @@ class Fleet:
     def issue_credential(self, name: str) -> str:
         """A new credential bound to node `name`: returned once, kept as its digest."""
         token, kept = new_credential()
+        self.keep_credential(name, kept)
+        return token
+
+    def keep_credential(self, name: str, kept: str) -> None:
+        """Bind the credential whose SHA-256 is `kept` to node `name`."""
         self.store.put_credential(name, kept)
         self.credentials[name] = kept
-        return token
 
     def delete_node(self, name: str) -> Node:
         """An operator removes a node: its credential is revoked, its replicas are replaced

@@ -27,7 +27,16 @@ import asyncpg
 import orjson
 
 from controlplane.model import ModelSpec, Node, Replica
-from controlplane.store import MIGRATIONS, OutcomeUnknown, StoreUnavailable, statements
+from controlplane.store import (
+    COLUMNS,
+    MIGRATIONS,
+    WITH_NODE,
+    WITH_REPLICA,
+    WITH_SPEC,
+    OutcomeUnknown,
+    StoreUnavailable,
+    statements,
+)
 
 log = logging.getLogger("gpufleet.store")
 POSTGRES_TYPES = {"blob": "BYTEA", "real": "DOUBLE PRECISION"}
@@ -68,18 +77,6 @@ def upsert(table: str, key: str, columns: int) -> str:
     )
 
 
-COLUMNS = {
-    "specs": ("name", "body"),
-    "nodes": ("name", "body"),
-    "replicas": ("id", "model", "body"),
-    "last_used": ("replica", "at"),
-    "routers": ("id", "body"),
-    "unseen_until": ("replica", "at"),
-    "scaled": ("model", "replicas"),
-    "autoscale_windows": ("model", "body"),
-    "node_credentials": ("node", "digest"),
-    "records": ("key", "body"),
-}
 UPSERT = {table: upsert(table, columns[0], len(columns)) for table, columns in COLUMNS.items()}
 
 
@@ -215,8 +212,9 @@ class PostgresStore:
 
     def delete_spec(self, name: str) -> None:
         with self.batch():
-            for table in ("specs", "scaled", "autoscale_windows"):
-                self._put_or_delete(table, name, None)
+            self._put_or_delete("specs", name, None)
+            for table, column in WITH_SPEC:
+                self._write(f"DELETE FROM {table} WHERE {column} = $1", name)
 
     def put_node(self, node: Node) -> None:
         self._write(UPSERT["nodes"], node.name, orjson.dumps(node.to_dict()))
@@ -226,8 +224,8 @@ class PostgresStore:
 
     def delete_replica(self, replica_id: str) -> None:
         with self.batch():
-            for table in ("last_used", "unseen_until"):
-                self._write(f"DELETE FROM {table} WHERE replica = $1", replica_id)
+            for table, column in WITH_REPLICA:
+                self._write(f"DELETE FROM {table} WHERE {column} = $1", replica_id)
             self._write("DELETE FROM replicas WHERE id = $1", replica_id)
 
     def put_last_used(self, last_used: dict[str, float]) -> None:
@@ -263,7 +261,8 @@ class PostgresStore:
     def delete_node(self, name: str) -> None:
         with self.batch():
             self._write("DELETE FROM nodes WHERE name = $1", name)
-            self._write("DELETE FROM node_credentials WHERE node = $1", name)
+            for table, column in WITH_NODE:
+                self._write(f"DELETE FROM {table} WHERE {column} = $1", name)
 
     def put_window(self, model: str, window: dict | None) -> None:
         self._put_or_delete(

@@ -90,6 +90,23 @@ MIGRATIONS = [
     """,
 ]
 SQLITE_TYPES = {"blob": "BLOB", "real": "REAL"}
+# Every table's columns, its key first: both stores read and write through this one list.
+COLUMNS = {
+    "specs": ("name", "body"),
+    "nodes": ("name", "body"),
+    "replicas": ("id", "model", "body"),
+    "last_used": ("replica", "at"),
+    "routers": ("id", "body"),
+    "unseen_until": ("replica", "at"),
+    "scaled": ("model", "replicas"),
+    "autoscale_windows": ("model", "body"),
+    "node_credentials": ("node", "digest"),
+    "records": ("key", "body"),
+}
+# What goes with a row when it is deleted: (table, its column that holds the key).
+WITH_SPEC = (("scaled", "model"), ("autoscale_windows", "model"))
+WITH_REPLICA = (("last_used", "replica"), ("unseen_until", "replica"))
+WITH_NODE = (("node_credentials", "node"),)
 
 
 def statements(number: int, types: dict[str, str]) -> list[str]:
@@ -145,127 +162,103 @@ class SqliteStore:
             if self._depth == 0:
                 self.db.execute("COMMIT")
 
+    def _rows(self, table: str) -> list[tuple]:
+        return self.db.execute(f"SELECT {', '.join(COLUMNS[table])} FROM {table}").fetchall()
+
+    def _put(self, table: str, rows) -> None:
+        marks = ", ".join("?" * len(COLUMNS[table]))
+        with self.batch():
+            self.db.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", rows)
+
+    def _delete(self, table: str, key, column: str | None = None) -> None:
+        with self.batch():
+            self.db.execute(f"DELETE FROM {table} WHERE {column or COLUMNS[table][0]} = ?", (key,))
+
+    def _put_or_delete(self, table: str, key, value) -> None:
+        """The row of `key` in `table` holds `value`, or is gone when `value` is None."""
+        if value is None:
+            self._delete(table, key)
+        else:
+            self._put(table, [(key, value)])
+
     def load(self):
-        specs = {
-            name: ModelSpec(**orjson.loads(body))
-            for name, body in self.db.execute("SELECT name, body FROM specs")
-        }
-        nodes = {
-            name: Node.from_dict(orjson.loads(body))
-            for name, body in self.db.execute("SELECT name, body FROM nodes")
-        }
+        specs = {name: ModelSpec(**orjson.loads(body)) for name, body in self._rows("specs")}
+        nodes = {name: Node.from_dict(orjson.loads(body)) for name, body in self._rows("nodes")}
         replicas = {
-            rid: Replica.from_dict(orjson.loads(body))
-            for rid, body in self.db.execute("SELECT id, body FROM replicas")
+            rid: Replica.from_dict(orjson.loads(body)) for rid, _, body in self._rows("replicas")
         }
-        last_used = dict(self.db.execute("SELECT replica, at FROM last_used"))
-        return specs, nodes, replicas, last_used
+        return specs, nodes, replicas, dict(self._rows("last_used"))
 
     def put_spec(self, spec: ModelSpec) -> None:
-        with self.batch():
-            self.db.execute(
-                "INSERT OR REPLACE INTO specs VALUES (?, ?)",
-                (spec.name, orjson.dumps(spec.to_dict())),
-            )
+        self._put("specs", [(spec.name, orjson.dumps(spec.to_dict()))])
 
     def delete_spec(self, name: str) -> None:
         with self.batch():
-            self.db.execute("DELETE FROM specs WHERE name = ?", (name,))
-            self.db.execute("DELETE FROM scaled WHERE model = ?", (name,))
-            self.db.execute("DELETE FROM autoscale_windows WHERE model = ?", (name,))
+            self._delete("specs", name)
+            for table, column in WITH_SPEC:
+                self._delete(table, name, column)
 
     def put_node(self, node: Node) -> None:
-        with self.batch():
-            self.db.execute(
-                "INSERT OR REPLACE INTO nodes VALUES (?, ?)",
-                (node.name, orjson.dumps(node.to_dict())),
-            )
+        self._put("nodes", [(node.name, orjson.dumps(node.to_dict()))])
 
     def put_replica(self, replica: Replica) -> None:
-        with self.batch():
-            self.db.execute(
-                "INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
-                (replica.id, replica.model, orjson.dumps(replica.to_dict())),
-            )
+        self._put("replicas", [(replica.id, replica.model, orjson.dumps(replica.to_dict()))])
 
     def delete_replica(self, replica_id: str) -> None:
         with self.batch():
-            self.db.execute("DELETE FROM replicas WHERE id = ?", (replica_id,))
-            self.db.execute("DELETE FROM last_used WHERE replica = ?", (replica_id,))
-            self.db.execute("DELETE FROM unseen_until WHERE replica = ?", (replica_id,))
+            self._delete("replicas", replica_id)
+            for table, column in WITH_REPLICA:
+                self._delete(table, replica_id, column)
 
     def put_last_used(self, last_used: dict[str, float]) -> None:
-        with self.batch():
-            self.db.executemany("INSERT OR REPLACE INTO last_used VALUES (?, ?)", last_used.items())
+        self._put("last_used", last_used.items())
 
     def load_routers(self) -> tuple[list[dict], dict[str, float]]:
         """The routers the idle tracker knew, and the gaps dead routers left per replica."""
-        routers = [orjson.loads(body) for (body,) in self.db.execute("SELECT body FROM routers")]
-        gaps = dict(self.db.execute("SELECT replica, at FROM unseen_until"))
-        return routers, gaps
+        routers = [orjson.loads(body) for _, body in self._rows("routers")]
+        return routers, dict(self._rows("unseen_until"))
 
     def load_scaled(self) -> dict[str, int]:
         """Models running fewer replicas than their spec asks, because they were idle."""
-        return dict(self.db.execute("SELECT model, replicas FROM scaled"))
+        return dict(self._rows("scaled"))
 
     def put_scaled(self, model: str, replicas: int | None) -> None:
-        with self.batch():
-            if replicas is None:
-                self.db.execute("DELETE FROM scaled WHERE model = ?", (model,))
-            else:
-                self.db.execute("INSERT OR REPLACE INTO scaled VALUES (?, ?)", (model, replicas))
+        self._put_or_delete("scaled", model, replicas)
 
     def put_routers(self, routers: list[dict], removed: list[str], gaps: dict) -> None:
         with self.batch():
-            self.db.executemany(
-                "INSERT OR REPLACE INTO routers VALUES (?, ?)",
-                [(r["id"], orjson.dumps(r)) for r in routers],
-            )
-            self.db.executemany("DELETE FROM routers WHERE id = ?", [(i,) for i in removed])
-            self.db.executemany("INSERT OR REPLACE INTO unseen_until VALUES (?, ?)", gaps.items())
+            self._put("routers", [(r["id"], orjson.dumps(r)) for r in routers])
+            for router_id in removed:
+                self._delete("routers", router_id)
+            self._put("unseen_until", gaps.items())
 
     def load_credentials(self) -> dict[str, str]:
         """node -> the SHA-256 of the credential it was given at registration."""
-        return dict(self.db.execute("SELECT node, digest FROM node_credentials"))
+        return dict(self._rows("node_credentials"))
 
     def put_credential(self, node: str, digest: str | None) -> None:
-        with self.batch():
-            if digest is None:
-                self.db.execute("DELETE FROM node_credentials WHERE node = ?", (node,))
-            else:
-                self.db.execute(
-                    "INSERT OR REPLACE INTO node_credentials VALUES (?, ?)", (node, digest)
-                )
+        self._put_or_delete("node_credentials", node, digest)
 
     def delete_node(self, name: str) -> None:
         with self.batch():
-            self.db.execute("DELETE FROM nodes WHERE name = ?", (name,))
-            self.db.execute("DELETE FROM node_credentials WHERE node = ?", (name,))
+            self._delete("nodes", name)
+            for table, column in WITH_NODE:
+                self._delete(table, name, column)
 
     def load_windows(self) -> dict[str, dict]:
         """Autoscaled models' recommendation windows (controlplane/autoscale.py)."""
-        rows = self.db.execute("SELECT model, body FROM autoscale_windows")
-        return {model: orjson.loads(body) for model, body in rows}
+        return {model: orjson.loads(body) for model, body in self._rows("autoscale_windows")}
 
     def put_window(self, model: str, window: dict | None) -> None:
-        with self.batch():
-            if window is None:
-                self.db.execute("DELETE FROM autoscale_windows WHERE model = ?", (model,))
-            else:
-                self.db.execute(
-                    "INSERT OR REPLACE INTO autoscale_windows VALUES (?, ?)",
-                    (model, orjson.dumps(window)),
-                )
+        self._put_or_delete(
+            "autoscale_windows", model, None if window is None else orjson.dumps(window)
+        )
 
     def load_records(self) -> dict[str, bytes]:
-        return {key: bytes(body) for key, body in self.db.execute("SELECT key, body FROM records")}
+        return {key: bytes(body) for key, body in self._rows("records")}
 
     def put_record(self, key: str, body: bytes | None) -> None:
-        with self.batch():
-            if body is None:
-                self.db.execute("DELETE FROM records WHERE key = ?", (key,))
-            else:
-                self.db.execute("INSERT OR REPLACE INTO records VALUES (?, ?)", (key, body))
+        self._put_or_delete("records", key, body)
 
     async def sync(self) -> None:
         """Every change is committed as it is made here: nothing waits."""

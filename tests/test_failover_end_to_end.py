@@ -227,10 +227,20 @@ def test_after_a_failover_nothing_in_use_looks_idle_and_a_silent_router_stays_si
         new = cluster.url(cluster.leader_port(besides=leader))
         time.sleep(1.0)
         assert routers(new).get("quiet") == "silent", "a router silent before is silent after"
+        # Once every router reports to the new leader nothing is unknown any more: what the
+        # live router uses right now must read as used moments ago, not idle.
+        quiet.send_signal(signal.SIGCONT)
+        wait_until(
+            lambda: set(routers(new).values()) == {"live"}, what="both routers live on the new one"
+        )
+        wait_until(
+            lambda: all(r["idle_state"] == "exact" for r in cluster.replicas()),
+            what="every replica's use known",
+        )
         idle = call("GET", new + "/v1/summary?idle_after=2s")[1]["idle"]["replicas"]
         assert not [r for r in idle if r["model"] == "llama"], idle
         for row in cluster.replicas():
-            assert row["idle_state"] == "unknown" or row["idle_s"] < 3.0, row
+            assert row["idle_state"] == "exact" and row["idle_s"] < 3.0, row
         assert set(traffic.stop()) == {200}
     finally:
         quiet.send_signal(signal.SIGCONT)

@@ -12,6 +12,7 @@ from typing import Protocol
 import aiohttp
 
 from controlplane.agent.supervisor import Supervisor
+from controlplane.auth import digest, new_credential
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -86,21 +87,43 @@ class ControlPlaneClient:
 
 
 class Credential:
-    """The node's own credential, given at its registration and kept in its state directory
-    (readable by this user alone): heartbeats and assignments for the node need it."""
+    """The node's own credential, kept in its state directory (readable by this user alone):
+    heartbeats and assignments for the node need it. The agent makes it itself and keeps it
+    before it registers, sending only its SHA-256: a registration whose answer is lost (a
+    timeout under load) leaves the agent with a credential the control plane knows."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.pending = path.with_name(path.name + ".pending")  # made, not yet accepted
 
     def read(self) -> str | None:
+        return self._read(self.path)
+
+    def proposed(self) -> str:
+        """The credential this node offers at registration, made once."""
+        token = self._read(self.pending)
+        if token is None:
+            token = new_credential()[0]
+            self._write(self.pending, token)
+        return token
+
+    def accepted(self) -> None:
+        self.pending.replace(self.path)
+
+    def write(self, token: str) -> None:
+        self._write(self.path, token)
+
+    @staticmethod
+    def _read(path: Path) -> str | None:
         try:
-            return self.path.read_text().strip() or None
+            return path.read_text().strip() or None
         except FileNotFoundError:
             return None
 
-    def write(self, token: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    @staticmethod
+    def _write(path: Path, token: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
 
@@ -136,11 +159,14 @@ class NodeAgent:
         delay = 0.2
         while True:
             try:
-                answer = await self.client.post(
-                    "/v1/nodes", self.inventory.describe(), token=self.own_token()
-                )
-                if answer.get("credential") and self.credential is not None:
-                    self.credential.write(answer["credential"])
+                if self.own_token() or self.credential is None or not self.client.token:
+                    answer = await self.client.post(
+                        "/v1/nodes", self.inventory.describe(), token=self.own_token()
+                    )
+                    if answer.get("credential") and self.credential is not None:
+                        self.credential.write(answer["credential"])  # an older control plane
+                else:
+                    await self.register_with_own_credential()
                 log.info("%s registered", self.inventory.name)
                 return
             except asyncio.CancelledError:
@@ -165,6 +191,20 @@ class NodeAgent:
             # at once must not keep a struggling control plane down.
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    async def register_with_own_credential(self) -> None:
+        """First registration: the bootstrap token and the SHA-256 of a credential made here.
+        If an earlier try went through and only its answer was lost, the node is registered
+        with that credential already: it registers again as itself."""
+        proposed = self.credential.proposed()
+        body = {**self.inventory.describe(), "credential_sha256": digest(proposed)}
+        try:
+            await self.client.post("/v1/nodes", body)
+        except ControlPlaneError as exc:
+            if exc.status != 403:
+                raise
+            await self.client.post("/v1/nodes", self.inventory.describe(), token=proposed)
+        self.credential.accepted()
 
     def own_token(self) -> str | None:
         return self.credential.read() if self.credential is not None else None

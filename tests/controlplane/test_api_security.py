@@ -244,3 +244,21 @@ def test_a_demand_that_is_not_an_object_is_refused_and_changes_nothing(server):
         assert "expected a JSON object" in answer["error"]["message"]
     (model,) = call("GET", server + "/v1/models", token=TOKENS["viewer"])[1]["items"]
     assert model["name"] == "m"
+
+
+def test_an_agent_may_bring_its_own_credential_and_only_its_digest_travels(server):
+    from controlplane.auth import digest, new_credential
+
+    token = new_credential()[0]
+    body = {**make_node("n1", gpus=2), "credential_sha256": digest(token)}
+    status, answer = call("POST", server + "/v1/nodes", body, token=TOKENS["agent"])
+    assert status == 201 and answer["credential_accepted"] and "credential" not in answer
+    assert call("POST", server + "/v1/nodes/n1/heartbeat", {}, token=token)[0] == 200
+    # Registering again, as itself, after an answer that was lost: allowed.
+    assert call("POST", server + "/v1/nodes", make_node("n1", gpus=2), token=token)[0] == 201
+    for bad, status_wanted in (("abc", 400), (digest(token), 409)):
+        body = {**make_node("n2", gpus=2), "credential_sha256": bad}
+        status, answer = call("POST", server + "/v1/nodes", body, token=TOKENS["agent"])
+        assert status == status_wanted, answer
+    nodes = call("GET", server + "/v1/nodes", token=TOKENS["viewer"])[1]["items"]
+    assert [n["name"] for n in nodes] == ["n1"], "the refusals registered nothing"
