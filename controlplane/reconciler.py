@@ -497,8 +497,8 @@ class Reconciler:
         for replica in list(fleet.replicas.values()):
             if replica.model in fleet.specs:
                 continue
-            if replica.state in LIVE or replica.state == ReplicaState.RETIRING:
-                fleet.set_replica_state(replica, ReplicaState.STOPPING, "model deleted")
+            if replica.state in LIVE:
+                self._stop(replica, "model deleted")  # its streams end before it stops
             elif replica.state == ReplicaState.FAILED:
                 fleet.remove_replica(replica.id)
 

@@ -106,3 +106,17 @@ def test_a_drained_nodes_replica_stops_only_once_its_router_lets_go(make_fleet):
     fleet.idle.report(report(reconciler, [new]))
     reconciler.tick()
     assert fleet.replicas[old].state == ReplicaState.STOPPING
+
+
+def test_deleting_a_model_lets_its_streams_end_before_its_replicas_stop(make_fleet):
+    fleet, reconciler, ids = serving(make_fleet)
+    fleet.delete("llama")
+    reconciler.tick()
+    assert states(fleet) == ["Retiring"] * 3, "not cut under its streams"
+    assert reconciler.routes.routes == {}, "its routes are gone at once"
+    fleet.idle.report(report(reconciler, [], {ids[0]: 1}))
+    reconciler.tick()
+    assert states(fleet) == ["Retiring", "Stopping", "Stopping"]
+    fleet.idle.report(report(reconciler, []))
+    reconciler.tick()
+    assert states(fleet) == ["Stopping"] * 3
