@@ -114,16 +114,26 @@ def unplaceable(name: str, replicas: int) -> dict:
 
 
 class Traffic:
-    """Requests through the router, back to back, until stopped; every status is kept."""
+    """Requests through the router, back to back, until stopped; every status is kept.
+    `spread`: each with a prompt of its own, so that prompt affinity sends them to every
+    replica rather than to one."""
 
-    def __init__(self, router: str) -> None:
+    def __init__(self, router: str, spread: bool = False) -> None:
         self.router, self.statuses, self.done = router, [], threading.Event()
+        self.spread = spread
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
     def run(self) -> None:
+        n = 0
         while not self.done.is_set():
-            self.statuses.append(post(self.router + "/v1/chat/completions", CHAT, timeout=20)[0])
+            body = CHAT
+            if self.spread:
+                n += 1
+                body = json.dumps(
+                    {"model": "llama", "messages": [{"role": "user", "content": f"{n} hi"}]}
+                ).encode()
+            self.statuses.append(post(self.router + "/v1/chat/completions", body, timeout=20)[0])
             time.sleep(0.02)
 
     def stop(self) -> list[int]:
@@ -221,7 +231,7 @@ def test_after_a_failover_nothing_in_use_looks_idle_and_a_silent_router_stays_si
     quiet.send_signal(signal.SIGSTOP)
     try:
         wait_until(lambda: routers(cluster.url(leader)).get("quiet") == "silent", what="silence")
-        traffic = Traffic(router)
+        traffic = Traffic(router, spread=True)
         time.sleep(1.0)
         procs.terminate(cluster.servers[leader], signal.SIGKILL)
         new = cluster.url(cluster.leader_port(besides=leader))
