@@ -20,6 +20,7 @@ cdef class ClientSide:
     cdef public Exchange exchange
     cdef public bint closed
     cdef public bint keep_alive
+    cdef public bint writing_paused
 
     cpdef void respond(self, int status, bytes body, bytes request_id=*, bytes extra=*, bytes content_type=*) except *
     cpdef void request_done(self, double now) except *

@@ -227,6 +227,8 @@ class Exchange(ResponseListener):
     def _send(self, conn: UpstreamConnection, reused: bool, now: float) -> None:
         self._move(SEND)
         self.upstream = conn
+        if self.client.writing_paused:
+            conn.pause_reading()  # the client has not drained the last answer yet
         self.deadline = now + self.ctx.first_byte_timeout_s
         if not conn.send(self, self.request_bytes(self.pool)):
             # The replica closed the connection before the request could go.

@@ -46,6 +46,9 @@ class ClientConnection(ClientSide):
         self.reader = RequestReader(self.pending, config.max_header_bytes, config.max_body_bytes)
         self.exchange: Exchange | None = None
         self.closed = False
+        # The transport asked to stop writing (a slow client): an exchange that starts meanwhile
+        # pauses its replica's connection from its first read, as asyncio tells us only once.
+        self.writing_paused = False
         self.idle_since = ctx.clock()
         self.keep_alive = True
         self.reading_since = 0.0  # none is being read yet
@@ -87,10 +90,12 @@ class ClientConnection(ClientSide):
             self.exchange.client_gone()
 
     def pause_writing(self) -> None:
+        self.writing_paused = True
         if self.exchange is not None:
             self.exchange.pause_upstream()
 
     def resume_writing(self) -> None:
+        self.writing_paused = False
         if self.exchange is not None:
             self.exchange.resume_upstream()
 

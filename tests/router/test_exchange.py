@@ -359,3 +359,21 @@ def test_a_replica_whose_answer_head_is_too_large_is_dropped_for_another():
         assert rig.status() == 200 and rig.nothing_in_flight()
 
     run(body)
+
+
+def test_an_exchange_that_starts_while_the_client_is_still_slow_pauses_its_replica():
+    """asyncio says pause_writing once, while the last answer drains: the next exchange must
+    not read its replica's answer at full speed into the client's buffer meanwhile."""
+
+    async def main():
+        rig = Rig()
+        rig.client.pause_writing()  # the previous answer filled the client's buffer
+        exchange = rig.send()
+        await settle()
+        assert exchange.upstream is not None and exchange.upstream.paused
+        rig.client.resume_writing()
+        assert not exchange.upstream.paused
+        rig.answer(exchange)
+        assert rig.status() == 200
+
+    asyncio.run(main())
