@@ -268,6 +268,9 @@ async def post_activity(request: web.Request) -> web.Response:
 # agents
 
 
+HEX = frozenset("0123456789abcdef")
+
+
 def proposed_credential(body) -> str | None:
     """The SHA-256 of a credential the agent made itself (`credential_sha256`), taken out of
     the body: an agent whose first answer was lost then knows its credential all the same."""
@@ -282,9 +285,6 @@ def proposed_credential(body) -> str | None:
             "credential_sha256",
         )
     return kept
-
-
-HEX = frozenset("0123456789abcdef")
 
 
 async def register_node(request: web.Request) -> web.Response:

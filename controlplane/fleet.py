@@ -96,11 +96,12 @@ class Fleet:
         self.events: dict[str, deque] = {}
         # model -> replicas kept now, when idleness brought it below its spec's `replicas`
         self.scaled: dict[str, int] = store.load_scaled()
-        # model -> when requests last woke it: a wake counts as a use of the model, so what
-        # woke is not stopped again before it had the time to serve them
-        # Kept as records (controlplane/records.py), written once a tick: a new leader goes on.
+        # What the leader acts on between ticks, kept as records (controlplane/records.py)
+        # written once a tick: a new leader goes on from them.
         self.records = ModelRecords(store.load_records())
         kept = self.records.loaded()
+        # model -> when requests last woke it: a wake counts as a use of the model, so what
+        # woke is not stopped again before it had the time to serve them
         self.woken_at: dict[str, float] = kept["woken_at"]
         # Making room (controlplane/room.py): model -> when requests began to wait for it, and
         # when a router last said so; what is reserved for whom; why a model gets no room.
@@ -118,7 +119,7 @@ class Fleet:
             model: Window.from_dict(body) for model, body in store.load_windows().items()
         }
         self.autoscale: dict[str, dict] = {}  # model -> {"reason", "recommended", "load"}
-        # node -> SHA-256 of the credential its agent got at registration (controlplane/auth)
+        # node -> SHA-256 of its agent's credential, bound at registration (controlplane/auth)
         self.credentials = Credentials(store.load_credentials())
         routers, gaps = store.load_routers()
         self.idle.load(last_used, [Router.from_dict(r) for r in routers], gaps)
@@ -200,6 +201,8 @@ class Fleet:
         self.autoscale.pop(name, None)
         self.demand_since.pop(name, None)
         self.demanded_at.pop(name, None)
+        self.woken_at.pop(name, None)
+        self.swap_totals.pop(name, None)
         self.changed = True
         return spec
 

@@ -35,7 +35,7 @@ class Term:
         self.tick_waiters.append(done)
         self.wake.set()
         try:
-            await asyncio.wait_for(asyncio.shield(done), timeout)
+            await asyncio.wait_for(done, timeout)  # on a timeout the loop skips it
             return True
         except TimeoutError:
             return False

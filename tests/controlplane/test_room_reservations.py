@@ -106,3 +106,13 @@ def test_a_restart_keeps_the_gpus_kept_and_the_demand(make_fleet, clock):
     del again.reservations["beta"]
     again.flush_records()
     assert "beta" not in make_fleet()[0].reservations
+
+
+def test_a_deleted_models_records_go_with_it(make_fleet, clock):
+    fleet, reconciler, alpha = swap_under_way(make_fleet, clock)
+    fleet.swap_totals["beta"] = 2
+    fleet.delete("beta")
+    reconciler.tick()
+    again, _ = make_fleet()
+    assert "beta" not in again.reservations and "beta" not in again.woken_at
+    assert "beta" not in again.demand_since and "beta" not in again.swap_totals
