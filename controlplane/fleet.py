@@ -13,11 +13,12 @@ from dataclasses import dataclass, field, replace
 
 from controlplane.auth import Credentials, new_credential
 from controlplane.autoscale import Window
-from controlplane.histogram import SWAP_BUCKETS, Histogram
+from controlplane.histogram import SWAP_BUCKETS, WAKE_BUCKETS, Histogram
 from controlplane.idle import IdleState, IdleTracker, Router
 from controlplane.model import (
     GPU,
-    HOLDING,
+    RESIDENT,
+    SELF_WAKING,
     ModelSpec,
     Node,
     Replica,
@@ -28,6 +29,7 @@ from controlplane.model import (
 )
 from controlplane.records import ModelRecords, Reservation
 from controlplane.redact import keep_stored
+from controlplane.sleep import Memory, holds_card, memory_of
 from controlplane.store import Store
 
 EVENTS_PER_MODEL = 50
@@ -69,7 +71,16 @@ class FleetSnapshot:
     autoscale: dict[str, dict] = field(default_factory=dict)  # model -> the last decision
 
 
-REPLICA_REPORT_STATES = {"Starting", "Ready", "Unhealthy", "Failed", "Stopping", "Stopped"}
+REPLICA_REPORT_STATES = {
+    "Starting",
+    "Ready",
+    "Unhealthy",
+    "Failed",
+    "Stopping",
+    "Stopped",
+    "Asleep",  # its engine sleeps (told to, or by itself)
+    "Waking",  # told to wake, not yet healthy
+}
 SWAPS_KEPT = 1000
 
 
@@ -113,6 +124,10 @@ class Fleet:
         self.swaps: deque = deque(maxlen=SWAPS_KEPT)  # (at, model, demand-to-Ready seconds)
         self.swap_totals: dict[str, int] = kept["swaps"]
         self.swap_seconds = Histogram(SWAP_BUCKETS)
+        # Sleeping engines (controlplane/sleep.py): model -> sleeps and wakes; wake seconds.
+        self.sleep_totals: dict[str, int] = kept["sleeps"]
+        self.wake_totals: dict[str, int] = kept["wakes"]
+        self.wake_seconds = Histogram(WAKE_BUCKETS)
         # Autoscaling (controlplane/autoscale.py): model -> its recommendation window, kept in
         # the store; and what the last decision said and was, for `gpuctl models` and /metrics.
         self.windows: dict[str, Window] = {
@@ -203,6 +218,8 @@ class Fleet:
         self.demanded_at.pop(name, None)
         self.woken_at.pop(name, None)
         self.swap_totals.pop(name, None)
+        self.sleep_totals.pop(name, None)
+        self.wake_totals.pop(name, None)
         self.changed = True
         return spec
 
@@ -347,6 +364,8 @@ class Fleet:
             return  # Ready as far as its agent knows; retiring as far as the fleet goes
         leader = replica.placement[0].node == node.name
         state = report["state"]
+        if state not in ("Failed", "Stopped") and self._sleep_report(replica, state, leader):
+            return
         if state == "Failed" or (state == "Stopped" and replica.state != ReplicaState.STOPPING):
             replica.state = ReplicaState.FAILED
             replica.exit_code = report.get("exit_code")
@@ -373,6 +392,37 @@ class Fleet:
             + (f": {replica.reason}" if replica.reason else ""),
         )
 
+    def _sleep_report(self, replica: Replica, state: str, leader: bool) -> bool:
+        """Take what an agent says of an engine's sleep; True when that is all there was to it
+        (the report says nothing the fleet acts on, or the fleet acted on it here)."""
+        sleep_states = (ReplicaState.SLEEPING, ReplicaState.ASLEEP, ReplicaState.WAKING)
+        if state in ("Asleep", "Waking") and replica.state not in sleep_states:
+            spec = self.specs.get(replica.model)
+            wakes_itself = spec is not None and spec.engine in SELF_WAKING
+            if not (leader and wakes_itself and state == "Asleep"):
+                return True
+            if replica.state != ReplicaState.READY:
+                return True
+            # An engine that sleeps by itself (llama.cpp): shown, still routed.
+            self.set_replica_state(replica, ReplicaState.ASLEEP, "asleep by itself")
+            return True
+        if replica.state not in sleep_states or not leader:
+            return replica.state in sleep_states
+        if replica.state == ReplicaState.SLEEPING and replica.sleep and state == "Asleep":
+            self.set_replica_state(replica, ReplicaState.ASLEEP, f"asleep at level {replica.sleep}")
+            self.sleep_totals[replica.model] = self.sleep_totals.get(replica.model, 0) + 1
+        elif replica.state == ReplicaState.WAKING and state == "Ready":
+            seconds = self.wall() - replica.woken_at
+            self.wake_seconds.observe(seconds)
+            self.wake_totals[replica.model] = self.wake_totals.get(replica.model, 0) + 1
+            replica.ready_at = self.wall()
+            self._swapped_in(replica)
+            self.set_replica_state(replica, ReplicaState.READY, f"woken in {seconds:.1f}s")
+        elif replica.state == ReplicaState.ASLEEP and not replica.sleep and state == "Ready":
+            replica.ready_at = self.wall()  # a self-waking engine a request woke
+            self.set_replica_state(replica, ReplicaState.READY, "woken by a request")
+        return True
+
     def _forget_stopped(self, node: Node, reports: dict) -> None:
         """A Stopping replica whose agents no longer run it is gone."""
         for replica_id in list(self.on_node.get(node.name, ())):
@@ -388,7 +438,7 @@ class Fleet:
         out = []
         for replica_id in self.on_node.get(name, ()):
             replica = self.replicas[replica_id]
-            if replica.state not in HOLDING or replica.state == ReplicaState.STOPPING:
+            if replica.state not in RESIDENT or replica.state == ReplicaState.STOPPING:
                 continue
             spec = self.specs.get(replica.model)
             if spec is None:
@@ -399,6 +449,10 @@ class Fleet:
                 leader = self.nodes.get(replica.placement[0].node)
                 out.append(
                     {
+                        "sleep": replica.sleep,
+                        "engine": spec.engine,
+                        "engine_endpoints": spec.engine_endpoints,
+                        "gpu_memory_utilization": self._memory_share(spec, piece),
                         "replica": replica.id,
                         "model": replica.model,
                         "command": spec.command,
@@ -412,6 +466,16 @@ class Fleet:
                     }
                 )
         return out
+
+    def _memory_share(self, spec: ModelSpec, piece) -> str:
+        """The share of each card the engine may take awake, for {gpu_memory_utilization}:
+        what the spec asks for, of the smallest card it runs on."""
+        node = self.nodes.get(piece.node)
+        cards = [g.memory_mb for g in (node.gpus if node else []) if g.index in piece.gpus]
+        smallest = min((mb for mb in cards if mb > 0), default=0)
+        if not smallest:
+            return "0.9"
+        return f"{min(spec.awake_mb(smallest) / smallest, 1.0):.2f}"
 
     # replicas
 
@@ -480,6 +544,19 @@ class Fleet:
         router has dropped it and has nothing in flight on it (the reconciler's
         `_stop_retired`)."""
         self.set_replica_state(replica, ReplicaState.RETIRING, why)
+
+    def put_to_sleep(self, replica: Replica, why: str, idle_s: float) -> None:
+        """The safe stop, ending in sleep: its route goes now; once every live router has
+        dropped it and has nothing in flight on it, its engine is told to sleep (the
+        reconciler's `_sleep_withdrawn`). `idle_s`: how long it has gone unused."""
+        replica.idle_at_sleep = max(0.0, idle_s)
+        self.set_replica_state(replica, ReplicaState.SLEEPING, f"{why}; route withdrawn")
+
+    def wake(self, replica: Replica, why: str) -> None:
+        """Tell a sleeper's engine to wake: Ready again once its health answers."""
+        replica.sleep = 0
+        replica.woken_at = self.wall()
+        self.set_replica_state(replica, ReplicaState.WAKING, why)
 
     def demand(self, model: str, waiting: int) -> ModelSpec:
         """A router holds `waiting` requests for `model`, which has no ready replica. A model
@@ -591,17 +668,24 @@ class Fleet:
                 "demanded_at": self.demanded_at,
                 "woken_at": self.woken_at,
                 "swaps": self.swap_totals,
+                "sleeps": self.sleep_totals,
+                "wakes": self.wake_totals,
             },
         )
 
     def held_gpus(self) -> set[tuple[str, int]]:
+        """GPUs an awake engine holds (or one that wakes by itself on a request)."""
         return {
             (piece.node, index)
             for r in self.replicas.values()
-            if r.state in HOLDING
+            if holds_card(r, self.specs)
             for piece in r.placement
             for index in piece.gpus
         }
+
+    def sleepers(self) -> Memory:
+        """What sleeping engines keep of each card's memory and each node's host memory."""
+        return memory_of(list(self.replicas.values()), self.specs, self.nodes)
 
     # views
 
@@ -662,12 +746,16 @@ def parse_node(body) -> Node:
     labels = body.get("labels") or {}
     if not isinstance(labels, dict):
         raise BadRequest("labels", "a map of strings")
+    host_memory = body.get("host_memory_mb", 0)
+    if isinstance(host_memory, bool) or not isinstance(host_memory, int) or host_memory < 0:
+        raise BadRequest("host_memory_mb", "a non-negative integer (MiB)")
     return Node(
         name=body["name"],
         address=body["address"],
         fabric=body["fabric"],
         gpus=parsed,
         labels={str(k): str(v) for k, v in labels.items()},
+        host_memory_mb=host_memory,
     )
 
 

@@ -35,3 +35,7 @@ class Histogram:
 # Demand to Ready for a swap: the victim's drain and stop plus the newcomer's engine start-up,
 # seconds for a small engine to many minutes for a large model's weights.
 SWAP_BUCKETS = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800)
+
+# Waking a sleeping engine: vLLM's level 1 in under a second to a few seconds, level 2 and
+# large models longer; past a minute it is as slow as a cold start.
+WAKE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)

@@ -7,7 +7,17 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
-PLACEHOLDERS = {"port", "model", "gpus", "replica", "rank", "nnodes", "master_addr", "host"}
+PLACEHOLDERS = {
+    "port",
+    "model",
+    "gpus",
+    "replica",
+    "rank",
+    "nnodes",
+    "master_addr",
+    "host",
+    "gpu_memory_utilization",  # the share of each card its engine may take awake (vLLM's flag)
+}
 
 
 class ReplicaState(StrEnum):
@@ -18,6 +28,9 @@ class ReplicaState(StrEnum):
     RETIRING = "Retiring"  # idle, its route withdrawn: stopped once no router holds it
     STOPPING = "Stopping"
     FAILED = "Failed"
+    SLEEPING = "Sleeping"  # its route withdrawn, then its engine told to sleep
+    ASLEEP = "Asleep"  # its process kept, its GPUs' memory given back but for a small reserve
+    WAKING = "Waking"  # its engine told to wake: Ready once its health answers again
 
 
 # States in which a replica holds its GPUs.
@@ -28,7 +41,16 @@ HOLDING = {
     ReplicaState.UNHEALTHY,
     ReplicaState.RETIRING,
     ReplicaState.STOPPING,
+    ReplicaState.SLEEPING,
+    ReplicaState.WAKING,
 }
+# States in which a replica's process runs on its node: it holds its cards, or (Asleep) a
+# reserve of their memory and, at level 1, host memory for its weights.
+RESIDENT = HOLDING | {ReplicaState.ASLEEP}
+ENGINE_KINDS = ("vllm", "sglang", "llama.cpp")
+# Engines that sleep on their own and wake on the next request (llama.cpp's
+# --sleep-idle-seconds): asleep they stay routable and keep their cards.
+SELF_WAKING = ("llama.cpp",)
 
 
 def gpu_faults(replica, nodes: dict) -> list[str]:
@@ -87,6 +109,7 @@ class Node:
     schedulable: Schedulable = Schedulable.SCHEDULABLE
     ready: bool = True
     last_heartbeat: float = 0.0  # control-plane monotonic clock, not persisted
+    host_memory_mb: int = 0  # MiB, as the agent found it (/proc/meminfo); 0: not known
 
     # Written out rather than dataclasses.asdict, which recurses through every field and
     # deep-copies each value: a snapshot of 16,000 nodes spent seconds there.
@@ -99,6 +122,7 @@ class Node:
             "labels": dict(self.labels),
             "schedulable": str(self.schedulable),
             "ready": self.ready,
+            "host_memory_mb": self.host_memory_mb,
         }
 
     def copy(self) -> Node:
@@ -114,6 +138,7 @@ class Node:
             self.schedulable,
             self.ready,
             self.last_heartbeat,
+            self.host_memory_mb,
         )
 
     @classmethod
@@ -127,6 +152,7 @@ class Node:
             labels=dict(body.get("labels") or {}),
             schedulable=Schedulable(body.get("schedulable", "schedulable")),
             ready=bool(body.get("ready", True)),
+            host_memory_mb=int(body.get("host_memory_mb") or 0),
         )
 
 
@@ -152,6 +178,16 @@ class ModelSpec:
     max_replicas: int | None = None  # None: `replicas`
     target_in_flight: float | None = None  # set: autoscaled on load, this many per replica
     scale_down_delay_s: float = 300.0  # lower for this long before scaling in
+    # Sleeping engines (controlplane/sleep.py). Memory in MiB per GPU, as NVML counts it;
+    # None: the default from the card (see `awake_mb`, `asleep_mb`, `host_mb`).
+    engine: str | None = None  # vllm | sglang | llama.cpp | custom; None: no sleep API
+    engine_endpoints: dict[str, str] = field(default_factory=dict)  # custom: sleep/wake/asleep
+    sleep_level: int | None = None  # 1: weights kept in host memory; 2: dropped
+    sleep_after_s: float | None = None  # idle this long: put to sleep
+    wake_timeout_s: float = 120.0  # not Ready this long after a wake: restarted cold
+    gpu_memory_mb: int | None = None
+    sleep_gpu_memory_mb: int | None = None
+    sleep_host_memory_mb: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,6 +198,7 @@ class ModelSpec:
             command=list(self.command),
             env=dict(self.env),
             env_from={name: dict(source) for name, source in self.env_from.items()},
+            engine_endpoints=dict(self.engine_endpoints),
         )
 
     @property
@@ -177,6 +214,29 @@ class ModelSpec:
     @property
     def autoscaled(self) -> bool:
         return self.target_in_flight is not None
+
+    @property
+    def sleeps(self) -> bool:
+        """Whether the fleet may put it to sleep (its engine takes orders to)."""
+        return self.sleep_level is not None and self.engine not in SELF_WAKING
+
+    def awake_mb(self, card_mb: int) -> int:
+        """GPU memory one of its engines takes awake on a card of `card_mb` (vLLM's default
+        share, 0.9, when the spec says nothing)."""
+        return self.gpu_memory_mb if self.gpu_memory_mb is not None else int(card_mb * 0.9)
+
+    def asleep_mb(self) -> int:
+        """GPU memory it keeps asleep: CUDA context and graphs (1 GiB when not said)."""
+        return self.sleep_gpu_memory_mb if self.sleep_gpu_memory_mb is not None else 1024
+
+    def host_mb(self, card_mb: int) -> int:
+        """Host memory it takes per GPU asleep: its weights at level 1 (at most what it
+        takes awake, when not said), none at level 2."""
+        if self.sleep_level != 1:
+            return 0
+        if self.sleep_host_memory_mb is not None:
+            return self.sleep_host_memory_mb
+        return self.awake_mb(card_mb)
 
 
 @dataclass
@@ -200,6 +260,10 @@ class Replica:
     exit_code: int | None = None
     log_tail: str = ""
     ready_at: float = 0.0  # wall clock: when it last turned Ready (min_residency counts from it)
+    sleep: int = 0  # the level its engine is told to sleep at (0: awake)
+    slept_at: float = 0.0  # wall clock: when its engine was told to sleep
+    idle_at_sleep: float = 0.0  # seconds idle when it was put to sleep (a known lower bound)
+    woken_at: float = 0.0  # wall clock: when its engine was last told to wake
 
     @property
     def gpu_count(self) -> int:
@@ -222,6 +286,10 @@ class Replica:
             "exit_code": self.exit_code,
             "log_tail": self.log_tail,
             "ready_at": self.ready_at,
+            "sleep": self.sleep,
+            "slept_at": self.slept_at,
+            "idle_at_sleep": self.idle_at_sleep,
+            "woken_at": self.woken_at,
         }
 
     def copy(self) -> Replica:
@@ -237,6 +305,10 @@ class Replica:
             self.exit_code,
             self.log_tail,
             self.ready_at,
+            self.sleep,
+            self.slept_at,
+            self.idle_at_sleep,
+            self.woken_at,
         )
 
     @classmethod
@@ -283,6 +355,29 @@ SPEC_FIELDS = {
     "target_in_flight",
     "scale_down_delay",
     "scale_down_delay_s",
+    "engine",
+    "engine_endpoints",
+    "sleep",
+    "sleep_level",
+    "sleep_after_s",
+    "wake_timeout_s",
+    "gpu_memory",
+    "gpu_memory_mb",
+    "sleep_gpu_memory",
+    "sleep_gpu_memory_mb",
+    "sleep_host_memory",
+    "sleep_host_memory_mb",
+}
+SLEEP_FIELDS = {"level", "after", "wake_timeout"}
+ENDPOINT_NAMES = ("sleep", "wake", "asleep")
+SIZE_UNITS = {  # in MiB
+    "": 1,
+    "mib": 1,
+    "gib": 1024,
+    "tib": 1024 * 1024,
+    "mb": 1e6 / 2**20,
+    "gb": 1e9 / 2**20,
+    "tb": 1e12 / 2**20,
 }
 PRIORITY_RANGE = (-1_000_000, 1_000_000)
 AFFINITY_MODES = ("off", "session", "prefix")
@@ -314,6 +409,92 @@ def parse_duration(value, field_name: str, allow_zero: bool = False) -> float:
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise SpecError(field_name, "must not be negative" if allow_zero else "must be positive")
     return seconds
+
+
+def parse_size(value, field_name: str) -> int:
+    """MiB from a size such as 60GB, 512MiB or 1.5GiB (a bare number is MiB, as NVML's)."""
+    if isinstance(value, bool):
+        raise SpecError(field_name, "expected a size such as 60GB")
+    if isinstance(value, int | float):
+        mib = float(value)
+    elif isinstance(value, str) and (
+        match := re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", value.strip())
+    ):
+        unit = match.group(2).lower()
+        if unit not in SIZE_UNITS:
+            raise SpecError(field_name, f"unknown unit {match.group(2)!r}: use MB, GB, MiB or GiB")
+        mib = float(match.group(1)) * SIZE_UNITS[unit]
+    else:
+        raise SpecError(field_name, f"expected a size such as 60GB, got {value!r}")
+    if mib < 0:
+        raise SpecError(field_name, "must not be negative")
+    return int(mib)
+
+
+def _one_of(body: dict, short: str, long: str):
+    """The value given as `short` or `long` (a stored spec's name), never both."""
+    if short in body and long in body:
+        raise SpecError(short, f"give {short} or {long}, not both")
+    return body.get(short, body.get(long))
+
+
+def _sleep_settings(body: dict) -> dict:
+    """The ModelSpec fields of sleeping engines, from `engine`, `sleep` and the sizes."""
+    engine = body.get("engine")
+    endpoints = body.get("engine_endpoints") or {}
+    if isinstance(engine, dict):
+        endpoints, engine = engine, "custom"
+    if engine is not None and engine not in (*ENGINE_KINDS, "custom"):
+        raise SpecError(
+            "engine", f"one of {', '.join(ENGINE_KINDS)}, or a map of {', '.join(ENDPOINT_NAMES)}"
+        )
+    if engine == "custom":
+        if not isinstance(endpoints, dict) or set(endpoints) != set(ENDPOINT_NAMES):
+            raise SpecError("engine", f"a map of exactly {', '.join(ENDPOINT_NAMES)} paths")
+        for name, path in endpoints.items():
+            if not isinstance(path, str) or not path.startswith("/"):
+                raise SpecError(f"engine.{name}", "a path starting with /")
+    elif endpoints:
+        raise SpecError("engine_endpoints", "only with engine: custom (a map of paths)")
+    sleep = body.get("sleep")
+    level = body.get("sleep_level")
+    after = body.get("sleep_after_s")
+    wake_timeout = body.get("wake_timeout_s", 120.0)
+    if sleep is not None:
+        if level is not None or after is not None:
+            raise SpecError("sleep", "give sleep: {level, after}, or sleep_level, not both")
+        if not isinstance(sleep, dict) or set(sleep) - SLEEP_FIELDS:
+            raise SpecError("sleep", f"a map of {', '.join(sorted(SLEEP_FIELDS))}")
+        level, after = sleep.get("level", 1), sleep.get("after")
+        wake_timeout = sleep.get("wake_timeout", wake_timeout)
+    if level is not None:
+        if level not in (1, 2) or isinstance(level, bool):
+            raise SpecError("sleep.level", "1 (weights kept in host memory) or 2 (dropped)")
+        if engine is None:
+            raise SpecError(
+                "engine", "required with sleep: vllm, sglang, llama.cpp or a map of paths"
+            )
+    if after is not None:
+        if level is None:
+            raise SpecError("sleep.level", "required with sleep.after")
+        after = parse_duration(after, "sleep.after")
+    sizes = {
+        name: None if (value := _one_of(body, name, name + "_mb")) is None
+        else parse_size(value, name)
+        for name in ("gpu_memory", "sleep_gpu_memory", "sleep_host_memory")
+    }  # fmt: skip
+    if sizes["gpu_memory"] == 0:
+        raise SpecError("gpu_memory", "must be positive")
+    return {
+        "engine": engine,
+        "engine_endpoints": dict(endpoints),
+        "sleep_level": level,
+        "sleep_after_s": after,
+        "wake_timeout_s": parse_duration(wake_timeout, "sleep.wake_timeout"),
+        "gpu_memory_mb": sizes["gpu_memory"],
+        "sleep_gpu_memory_mb": sizes["sleep_gpu_memory"],
+        "sleep_host_memory_mb": sizes["sleep_host_memory"],
+    }
 
 
 def _positive_int(body: dict, name: str, default: int, allow_zero: bool = False) -> int:
@@ -451,4 +632,5 @@ def validate_spec(body) -> ModelSpec:
         max_replicas=max_replicas,
         target_in_flight=None if target is None else float(target),
         scale_down_delay_s=parse_duration(delay, "scale_down_delay"),
+        **_sleep_settings(body),
     )

@@ -24,13 +24,34 @@ def eligible(node: Node) -> bool:
     return node.ready and node.schedulable == Schedulable.SCHEDULABLE
 
 
-def free_gpus(node: Node, gpu_class: str, held: set[tuple[str, int]]) -> list[int]:
-    """Healthy, unheld GPUs of `gpu_class` on `node`, by index."""
+def free_gpus(
+    node: Node,
+    gpu_class: str,
+    held: set[tuple[str, int]],
+    reserve: dict[tuple[str, int], int] | None = None,
+    awake_mb: int | None = None,
+) -> list[int]:
+    """Healthy, unheld GPUs of `gpu_class` on `node`, by index. With `reserve` (MiB kept by
+    sleeping engines per GPU): only those where an awake engine taking `awake_mb` (None: 0.9
+    of the card) fits beside them."""
+    reserve = reserve or {}
     return sorted(
         g.index
         for g in node.gpus
-        if g.gpu_class == gpu_class and g.healthy and (node.name, g.index) not in held
+        if g.gpu_class == gpu_class
+        and g.healthy
+        and (node.name, g.index) not in held
+        and _fits(g.memory_mb, reserve.get((node.name, g.index), 0), awake_mb)
     )
+
+
+def _fits(card_mb: int, reserve: int, awake_mb: int | None) -> bool:
+    if reserve <= 0:
+        return True
+    if card_mb <= 0:
+        return False
+    need = int(card_mb * 0.9) if awake_mb is None else awake_mb
+    return need + reserve <= card_mb
 
 
 def place(spec: ModelSpec, count: int, nodes: list[Node], held: set[tuple[str, int]]) -> Outcome:
@@ -43,18 +64,29 @@ class Placer:
     from the snapshot and shared by every model placed in the tick, reserving as it goes: a
     tick costs O(nodes + replicas), not O(models x nodes)."""
 
-    def __init__(self, nodes: list[Node], held: set[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        nodes: list[Node],
+        held: set[tuple[str, int]],
+        reserve: dict[tuple[str, int], int] | None = None,
+    ) -> None:
+        """`reserve`: GPU -> MiB that sleeping engines keep on it (controlplane/sleep.py)."""
         self.nodes = nodes
         self.held = held
-        self._by_class: dict[str, _Capacity] = {}
+        self.reserve = {gpu: mb for gpu, mb in (reserve or {}).items() if mb > 0}
+        self._by_class: dict[tuple[str, int | None], _Capacity] = {}
 
-    def capacity(self, gpu_class: str) -> _Capacity:
-        if gpu_class not in self._by_class:
-            self._by_class[gpu_class] = _Capacity(gpu_class, self.nodes, self.held)
-        return self._by_class[gpu_class]
+    def capacity(self, gpu_class: str, awake_mb: int | None = None) -> _Capacity:
+        # Engines of different sizes see different free cards only where sleepers are.
+        key = (gpu_class, awake_mb if self.reserve else None)
+        if key not in self._by_class:
+            self._by_class[key] = _Capacity(
+                gpu_class, self.nodes, self.held, self.reserve, awake_mb
+            )
+        return self._by_class[key]
 
     def place(self, spec: ModelSpec, count: int) -> Outcome:
-        capacity = self.capacity(spec.gpu_class)
+        capacity = self.capacity(spec.gpu_class, spec.gpu_memory_mb)
         placements: list[list[Slice]] = []
         for _ in range(count):
             if spec.nodes_per_replica == 1:
@@ -72,7 +104,14 @@ class _Capacity:
     nodes: nodes bucketed by free count (each bucket sorted by name), whole free nodes by
     fabric (sorted by name)."""
 
-    def __init__(self, gpu_class: str, nodes: list[Node], held: set[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        gpu_class: str,
+        nodes: list[Node],
+        held: set[tuple[str, int]],
+        reserve: dict[tuple[str, int], int] | None = None,
+        awake_mb: int | None = None,
+    ) -> None:
         self.gpu_class = gpu_class
         self.free: dict[str, list[int]] = {}
         self.size: dict[str, int] = {}
@@ -92,7 +131,7 @@ class _Capacity:
             if not eligible(node):
                 continue
             self.usable += 1
-            free = free_gpus(node, gpu_class, held)
+            free = free_gpus(node, gpu_class, held, reserve, awake_mb)
             if not free:
                 continue
             self.free[node.name] = free

@@ -20,8 +20,18 @@ from controlplane.placement import Placer, eligible
 from controlplane.records import Reservation
 from controlplane.room import RoomInputs, plan_room
 from controlplane.scaling import plan_idle_stops
+from controlplane.sleep import (
+    memory_stops,
+    plan_idle,
+    plan_wake,
+    self_waking,
+    victim_moves,
+)
 
 LIVE = {ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY}
+# A model's replicas that count towards what it keeps: awake, or asleep and woken instead of
+# placing another.
+PRESENT = LIVE | {ReplicaState.SLEEPING, ReplicaState.ASLEEP, ReplicaState.WAKING}
 
 
 class RouteTable:
@@ -96,13 +106,14 @@ class Reconciler:
         with fleet.store.batch():
             self._check_heartbeats()
             self._expire_failed()
+            self._check_sleepers()
             wanted = fleet.wanted()
             asking = {model: f"{n} request(s) waiting" for model, n in wanted.items()}
             asking.update(self._autoscale_all(wanted))
             self._place_on_reserved(asking)
-            placer = Placer(
-                list(fleet.nodes.values()), fleet.held_gpus() | fleet.reserved_gpus().keys()
-            )
+            self._wake_asked(asking)
+            self._sleep_idle()
+            placer = self._placer()
             draining = {
                 n.name for n in fleet.nodes.values() if n.schedulable == Schedulable.DRAINING
             }
@@ -112,6 +123,7 @@ class Reconciler:
             self._make_room(asking)
             self._stop_orphans()
             self._stop_retired()
+            self._sleep_withdrawn()
             fleet.flush_activity()
             fleet.flush_records()
         self.routes.publish(
@@ -120,6 +132,16 @@ class Reconciler:
         )
         # What this tick changed it has acted on; only news from outside wakes it again.
         fleet.changed = False
+
+    def _placer(self, also_held=frozenset()) -> Placer:
+        """Placement over the fleet as it stands: cards held awake or kept for a waiting
+        model are taken; cards with sleepers have their reserves taken off."""
+        fleet = self.fleet
+        return Placer(
+            list(fleet.nodes.values()),
+            fleet.held_gpus() | fleet.reserved_gpus().keys() | also_held,
+            fleet.sleepers().reserve,
+        )
 
     def _check_heartbeats(self) -> None:
         fleet = self.fleet
@@ -139,7 +161,7 @@ class Reconciler:
                     continue
                 if replica.state in (ReplicaState.STOPPING, ReplicaState.RETIRING):
                     fleet.remove_replica(replica.id)
-                elif replica.state in LIVE:
+                elif replica.state in PRESENT:
                     fleet.set_replica_state(
                         replica,
                         ReplicaState.FAILED,
@@ -160,7 +182,7 @@ class Reconciler:
         self, spec, placer: Placer, wanted: dict[str, int], draining: set[str]
     ) -> None:
         fleet = self.fleet
-        mine = [r for r in fleet.replicas_of(spec.name) if r.state in LIVE]
+        mine = [r for r in fleet.replicas_of(spec.name) if r.state in PRESENT]
         # A replica on a failed GPU (Degraded) is replaced like one on a draining node, but is
         # stopped only once its replacement is Ready: it may still be serving meanwhile.
         degraded = {r.id for r in mine if gpu_faults(r, fleet.nodes)}
@@ -224,9 +246,14 @@ class Reconciler:
                 self._stop(replica, "replaced: " + "; ".join(gpu_faults(replica, fleet.nodes)))
 
     def _stop(self, replica, why: str) -> None:
-        """A Ready replica goes through the safe stop (route withdrawn, acked, drained); one
-        that never had a route (Pending, Starting) stops at once: nobody can be using it."""
-        if replica.state == ReplicaState.READY:
+        """A Ready replica goes through the safe stop (route withdrawn, acked, drained), and so
+        does one whose routers are still dropping it on its way to sleep; one that never had
+        a route (Pending, Starting) or sleeps stops at once: nobody can be using it."""
+        withdrawing = replica.state == ReplicaState.SLEEPING and not replica.sleep
+        routed = replica.state == ReplicaState.ASLEEP and self_waking(
+            self.fleet.specs.get(replica.model)
+        )
+        if replica.state == ReplicaState.READY or withdrawing or routed:
             self.fleet.withdraw(replica, f"{why}; route withdrawn")
         else:
             self.fleet.set_replica_state(replica, ReplicaState.STOPPING, why)
@@ -239,7 +266,10 @@ class Reconciler:
         return [
             r
             for r in fleet.replicas_of(model)
-            if r.state == ReplicaState.RETIRING
+            if (
+                r.state == ReplicaState.RETIRING
+                or (r.state == ReplicaState.SLEEPING and not r.sleep)  # its engine still awake
+            )
             and r.url
             and r.id not in kept_for_others
             and not draining.intersection(r.nodes)
@@ -271,8 +301,20 @@ class Reconciler:
                         model, f"GPUs on {', '.join(kept.nodes())} no longer kept: {given_up}"
                     )
                 continue  # a victim is still stopping
+            stops = memory_stops(
+                spec, sorted(kept.gpus()), self._room_inputs(now), fleet.sleepers(), {kept.wake}
+            )
+            if stops:
+                # Sleepers beside the freed cards leave too little memory for it awake.
+                self._carry_out(stops, f"to make room for {model}")
+                if any(m.action == "blocked" for m in stops):
+                    del fleet.reservations[model]  # plan again, elsewhere
+                continue
             del fleet.reservations[model]
-            placed = sum(1 for r in fleet.replicas_of(model) if r.state in LIVE)
+            if kept.wake:
+                self._wake_on_reserved(spec, kept)
+                continue
+            placed = sum(1 for r in fleet.replicas_of(model) if r.state in PRESENT)
             if placed >= fleet.desired(spec):
                 continue  # it found room elsewhere meanwhile
             replica = fleet.add_replica(model, kept.placement)
@@ -285,6 +327,17 @@ class Reconciler:
             fleet.room.pop(model, None)
             fleet.set_reason(model, "")
 
+    def _wake_on_reserved(self, spec, kept) -> None:
+        fleet = self.fleet
+        sleeper = fleet.replicas.get(kept.wake)
+        if sleeper is None or sleeper.state != ReplicaState.ASLEEP:
+            return  # it went meanwhile: the next tick plans again
+        fleet.swapping[sleeper.id] = (spec.name, kept.since)
+        fleet.woken_at[spec.name] = fleet.wall()
+        fleet.wake(sleeper, f"woken after {', '.join(kept.victims)} made way")
+        fleet.room.pop(spec.name, None)
+        fleet.set_reason(spec.name, "")
+
     def _give_up_room(self, spec, kept, asking: dict[str, str], held, now: float) -> str:
         """Why GPUs kept for `spec` while its victims stop should be kept no longer ("" to
         keep them)."""
@@ -294,7 +347,12 @@ class Reconciler:
             return f"its victims did not stop within {duration(self.room_timeout_s)}"
         others = {gpu for other in self.fleet.reservations.values() if other is not kept
                   for gpu in other.gpus()}  # fmt: skip
-        if Placer(list(self.fleet.nodes.values()), held | others).place(spec, 1).placements:
+        if kept.wake:
+            return ""  # a wake is the cheapest move there is
+        placer = Placer(
+            list(self.fleet.nodes.values()), held | others, self.fleet.sleepers().reserve
+        )
+        if placer.place(spec, 1).placements:
             return "room came free elsewhere first"
         return ""
 
@@ -350,8 +408,8 @@ class Reconciler:
                 "recommended": decision.recommended,
                 "load": in_flight + waiting,
             }
-            placed = sum(1 for r in mine if r.state in LIVE)
-            if in_flight and fleet.desired(spec) > placed:
+            awake = sum(1 for r in mine if r.state in LIVE)
+            if in_flight and fleet.desired(spec) > awake:
                 out[spec.name] = f"scaling out on load ({reason})"
         return out
 
@@ -378,38 +436,38 @@ class Reconciler:
         short = []
         for model in wanted:
             spec = fleet.specs[model]
-            placed = sum(1 for r in fleet.replicas_of(model) if r.state in LIVE)
+            placed = sum(1 for r in fleet.replicas_of(model) if r.state in PRESENT)
             if placed < fleet.desired(spec) and model not in fleet.reservations:
                 fleet.demand_since.setdefault(model, now)
                 short.append(spec)
         short.sort(key=lambda s: (-s.priority, fleet.demand_since[s.name], s.name))
         for spec in short:
-            placer = Placer(
-                list(fleet.nodes.values()), fleet.held_gpus() | fleet.reserved_gpus().keys()
-            )
-            outcome = placer.place(spec, 1)
+            outcome = self._placer().place(spec, 1)
             if outcome.placements:
                 continue  # it fits now: the next tick places it
             self._take_room(spec, wanted[spec.name], now, outcome.reason)
 
-    def _take_room(self, spec, why: str, now: float, placement_reason: str) -> None:
+    def _room_inputs(self, now: float) -> RoomInputs:
+        """What the pure steps of making room, sleeping and waking read: one snapshot."""
         fleet = self.fleet
         ids = list(fleet.replicas)
-        plan = plan_room(
-            spec,
-            RoomInputs(
-                nodes=list(fleet.nodes.values()),
-                replicas=list(fleet.replicas.values()),
-                specs=dict(fleet.specs),
-                desired={name: fleet.desired(s) for name, s in fleet.specs.items()},
-                idle=fleet.idle.idle_map(ids, now),
-                in_flight=fleet.idle.in_flight(now),
-                silent_holders=fleet.idle.silent_holders(ids, now),
-                reserved=fleet.reserved_gpus(),
-                now=now,
-                default_residency_s=self.min_residency_s,
-            ),
+        return RoomInputs(
+            nodes=list(fleet.nodes.values()),
+            replicas=list(fleet.replicas.values()),
+            specs=dict(fleet.specs),
+            desired={name: fleet.desired(s) for name, s in fleet.specs.items()},
+            idle=fleet.idle.idle_map(ids, now),
+            in_flight=fleet.idle.in_flight(now),
+            silent_holders=fleet.idle.silent_holders(ids, now),
+            reserved=fleet.reserved_gpus(),
+            now=now,
+            default_residency_s=self.min_residency_s,
         )
+
+    def _take_room(self, spec, why: str, now: float, placement_reason: str) -> None:
+        fleet = self.fleet
+        inputs = self._room_inputs(now)
+        plan = plan_room(spec, inputs)
         if plan.placement is None:
             if plan.final:
                 why = f"no room can be made: {plan.reason}" if plan.blockers else ""
@@ -427,18 +485,22 @@ class Reconciler:
             same = before is not None and before.get("blocking") == blocking
             fleet.set_reason(spec.name, reason, quiet=same)
             return
+        gpus = sorted((p.node, i) for p in plan.placement for i in p.gpus)
         if not plan.victims:
+            # Free cards, but sleepers on them keep too much memory: they go (a plan whose
+            # sleepers may not go leaves the model waiting, and says why).
+            stops = memory_stops(spec, gpus, inputs, fleet.sleepers())
+            blocked = [m.why for m in stops if m.action == "blocked"]
+            if blocked:
+                fleet.set_reason(spec.name, "waiting for room: " + "; ".join(blocked))
+            else:
+                self._carry_out(stops, f"to make room for {spec.name}")
             return
         names = ", ".join(v.id for v in plan.victims)
-        for victim in plan.victims:
-            seconds, state = fleet.idle.idle_for(victim.id)
-            bound = "≥" if state == IdleState.AT_LEAST else ""
-            fleet.retire(
-                victim,
-                f"stopped to make room for {spec.name}: {why};"
-                f" idle {bound}{duration(seconds)}; route withdrawn",
-            )
-            self.stops["room"] = self.stops.get("room", 0) + 1
+        memory = fleet.sleepers()
+        moves = victim_moves(plan.victims, f"to make room for {spec.name}: {why}", inputs, memory)
+        moves += memory_stops(spec, gpus, inputs, memory, {v.id for v in plan.victims})
+        self._carry_out([m for m in moves if m.action != "blocked"], "")
         fleet.reservations[spec.name] = Reservation(
             spec.name,
             plan.placement,
@@ -454,6 +516,151 @@ class Reconciler:
             "final": False,
         }
         fleet.set_reason(spec.name, reason)
+
+    def _carry_out(self, moves, purpose: str) -> None:
+        """Moves of a sleep plan: victims and idle replicas sleep or stop through the safe
+        stop; sleepers (nothing routes to them) stop at once."""
+        fleet = self.fleet
+        for move in moves:
+            replica = move.replica
+            if replica is None:
+                continue
+            why = move.why
+            if move.action == "sleep":
+                seconds, state = fleet.idle.idle_for(replica.id)
+                bound = "≥" if state == IdleState.AT_LEAST else ""
+                fleet.put_to_sleep(replica, f"{why}; idle {bound}{duration(seconds)}", seconds)
+                self.stops["sleep"] = self.stops.get("sleep", 0) + 1
+            elif replica.state == ReplicaState.READY:
+                seconds, state = fleet.idle.idle_for(replica.id)
+                bound = "≥" if state == IdleState.AT_LEAST else ""
+                fleet.retire(replica, f"{why}; idle {bound}{duration(seconds)}; route withdrawn")
+                self.stops["room"] = self.stops.get("room", 0) + 1
+            else:
+                spec = fleet.specs.get(replica.model)
+                if spec is not None:
+                    fleet.set_scaled(replica.model, fleet.desired(spec) - 1)
+                self._stop(replica, why)
+
+    def _sleep_idle(self) -> None:
+        """Replicas idle past `sleep.after` sleep; sleepers idle past `scale_to_zero_after`
+        stop (controlplane/sleep.py)."""
+        fleet = self.fleet
+        if not any(s.sleep_level is not None for s in fleet.specs.values()):
+            return
+        plan = plan_idle(self._room_inputs(fleet.wall()), fleet.woken_at)
+        for move in plan.moves:
+            self._carry_out([move], "")
+            if move.action == "stop":
+                self.stops["idle"] = self.stops.get("idle", 0) + 1
+
+    def _wake_asked(self, asking: dict[str, str]) -> None:
+        """A model asked for (requests waiting, or load) with fewer engines awake than it
+        keeps wakes a sleeper, putting the awake occupant of its cards to sleep first if it
+        may (controlplane/sleep.py); else it waits, and its reason says for what."""
+        fleet = self.fleet
+        now = fleet.wall()
+        for model in sorted(asking, key=lambda m: (-fleet.specs[m].priority, m)):
+            spec = fleet.specs[model]
+            if model in fleet.reservations:
+                continue
+            mine = fleet.replicas_of(model)
+            awake = sum(1 for r in mine if r.state in LIVE or r.state == ReplicaState.WAKING)
+            if awake >= fleet.desired(spec):
+                continue
+            dozing = [r for r in mine if r.state == ReplicaState.SLEEPING and not r.sleep]
+            if dozing:
+                # Its engine is still awake, only its routes are going: it serves again.
+                fleet.set_replica_state(
+                    dozing[0], ReplicaState.READY, "wanted again before it slept"
+                )
+                continue
+            asleep = [r for r in mine if r.state == ReplicaState.ASLEEP and r.sleep]
+            if not asleep:
+                continue
+            fleet.demand_since.setdefault(model, now)
+            plan = plan_wake(spec, self._room_inputs(now))
+            if plan.replica is None:
+                if self._placer().place(spec, 1).placements:
+                    # No sleeper can wake soon, free cards wait elsewhere: a cold start there
+                    # beats waiting; the sleeper makes way for it.
+                    self._stop(asleep[0], f"replaced by a cold start: {plan.reason}")
+                    continue
+                reason = f"waiting to wake: {plan.reason}"
+                fleet.room[model] = {"reason": reason, "victims": [], "final": False}
+                fleet.set_reason(model, reason, quiet=True)
+                continue
+            if plan.now:
+                fleet.woken_at[model] = now
+                fleet.wake(plan.replica, f"woken: {asking[model]}")
+                fleet.set_reason(model, "")
+                continue
+            self._carry_out(plan.moves, "")
+            placement = plan.replica.placement
+            fleet.reservations[model] = Reservation(
+                model,
+                [type(p)(p.node, list(p.gpus)) for p in placement],
+                [m.replica.id for m in plan.moves],
+                fleet.demand_since[model],
+                now,
+                wake=plan.replica.id,
+            )
+            names = ", ".join(m.replica.id for m in plan.moves)
+            reason = f"waiting for room: {names} making way to wake {plan.replica.id}"
+            fleet.room[model] = {"reason": reason, "victims": [m.replica.id for m in plan.moves],
+                                 "final": False}  # fmt: skip
+            fleet.set_reason(model, reason)
+
+    def _sleep_withdrawn(self) -> None:
+        """A replica on its way to sleep is told to sleep once no router may route to it or
+        has a request on it (the safe stop's wait, ending in sleep instead of a stop)."""
+        fleet = self.fleet
+        for replica in list(fleet.replicas.values()):
+            if replica.state != ReplicaState.SLEEPING or replica.sleep:
+                continue
+            spec = fleet.specs.get(replica.model)
+            held = fleet.idle.still_held(replica.id)
+            reason = replica.reason.split("; waiting: ")[0]
+            if held:
+                if not replica.reason.endswith(held):
+                    fleet.set_replica_state(
+                        replica, ReplicaState.SLEEPING, f"{reason}; waiting: {held}"
+                    )
+                continue
+            replica.sleep = spec.sleep_level if spec and spec.sleep_level else 1
+            replica.slept_at = fleet.wall()
+            reason = reason.removesuffix("; route withdrawn")
+            fleet.set_replica_state(
+                replica,
+                ReplicaState.SLEEPING,
+                f"{reason}: engine told to sleep (level {replica.sleep})",
+            )
+
+    def _check_sleepers(self) -> None:
+        """An engine that did not wake within its model's wake timeout is restarted cold (it
+        fails, and the model places another); one that did not fall asleep is stopped."""
+        fleet = self.fleet
+        now = fleet.wall()
+        for replica in list(fleet.replicas.values()):
+            spec = fleet.specs.get(replica.model)
+            if spec is None:
+                continue
+            limit = spec.wake_timeout_s
+            if replica.state == ReplicaState.WAKING and now - replica.woken_at > limit:
+                fleet.set_replica_state(
+                    replica,
+                    ReplicaState.FAILED,
+                    f"did not wake within {duration(limit)}: restarted cold",
+                )
+            elif (
+                replica.state == ReplicaState.SLEEPING
+                and replica.sleep
+                and now - replica.slept_at > limit
+            ):
+                fleet.set_scaled(replica.model, fleet.desired(spec) - 1)
+                fleet.set_replica_state(
+                    replica, ReplicaState.STOPPING, f"did not fall asleep within {duration(limit)}"
+                )
 
     def _scale_down_idle(self, spec) -> None:
         """Models with `scale_to_zero_after`: replicas idle that long go, down to min_replicas."""
@@ -497,7 +704,7 @@ class Reconciler:
         for replica in list(fleet.replicas.values()):
             if replica.model in fleet.specs:
                 continue
-            if replica.state in LIVE:
+            if replica.state in PRESENT:
                 self._stop(replica, "model deleted")  # its streams end before it stops
             elif replica.state == ReplicaState.FAILED:
                 fleet.remove_replica(replica.id)
@@ -506,6 +713,10 @@ class Reconciler:
         fleet = self.fleet
         routes: dict[str, list[dict]] = {name: [] for name in sorted(fleet.specs)}
         for replica in sorted(fleet.replicas.values(), key=lambda r: r.id):
-            if replica.state == ReplicaState.READY and replica.url and replica.model in routes:
+            routed = replica.state == ReplicaState.READY or (
+                replica.state == ReplicaState.ASLEEP
+                and self_waking(fleet.specs.get(replica.model))  # the next request wakes it
+            )
+            if routed and replica.url and replica.model in routes:
                 routes[replica.model].append({"id": replica.id, "url": replica.url})
         return routes

@@ -1,7 +1,7 @@
 """What the leader acts on between ticks, kept as records so that a restart or a new leader
 carries on where the old one stopped: GPUs kept for a waiting model (with the time they were
 kept from, so that they expire), when requests began and last said they wait, when a model
-was woken, and how many swaps each model had.
+was woken, and how many swaps, sleeps and wakes each model had.
 
 The fleet holds them in dicts and writes what changed once a tick (`ModelRecords.flush`), as
 it does routers' activity; a record is one row per model and kind, its body JSON.
@@ -26,6 +26,7 @@ class Reservation:
     victims: list[str]  # replica ids stopping to free them
     since: float  # wall clock: when requests began to wait for the model
     made_at: float = 0.0  # wall clock: when the victims were chosen
+    wake: str = ""  # a sleeper of the model to wake there, instead of placing a new replica
 
     def gpus(self) -> set[tuple[str, int]]:
         return {(piece.node, index) for piece in self.placement for index in piece.gpus}
@@ -39,18 +40,26 @@ class Reservation:
             "victims": list(self.victims),
             "since": self.since,
             "made_at": self.made_at,
+            "wake": self.wake,
         }
 
     @classmethod
     def from_dict(cls, model: str, body: dict) -> Reservation:
         placement = [Slice(p["node"], list(p["gpus"])) for p in body["placement"]]
-        return cls(model, placement, list(body["victims"]), body["since"], body["made_at"])
+        return cls(
+            model,
+            placement,
+            list(body["victims"]),
+            body["since"],
+            body["made_at"],
+            body.get("wake", ""),
+        )
 
 
 class ModelRecords:
     """The per-model state a leader acts on, as rows `KIND/MODEL` -> JSON."""
 
-    KINDS = ("reservation", "demand_since", "demanded_at", "woken_at", "swaps")
+    KINDS = ("reservation", "demand_since", "demanded_at", "woken_at", "swaps", "sleeps", "wakes")
 
     def __init__(self, rows: dict[str, bytes]) -> None:
         self.stored = dict(rows)  # what the store holds, as last written
