@@ -25,6 +25,7 @@ from controlplane.sleep import (
     plan_idle,
     plan_wake,
     self_waking,
+    settled,
     victim_moves,
 )
 
@@ -499,7 +500,7 @@ class Reconciler:
         names = ", ".join(v.id for v in plan.victims)
         memory = fleet.sleepers()
         moves = victim_moves(plan.victims, f"to make room for {spec.name}: {why}", inputs, memory)
-        moves += memory_stops(spec, gpus, inputs, memory, {v.id for v in plan.victims})
+        moves = settled(moves + memory_stops(spec, gpus, inputs, memory))
         self._carry_out([m for m in moves if m.action != "blocked"], "")
         fleet.reservations[spec.name] = Reservation(
             spec.name,

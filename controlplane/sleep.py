@@ -275,6 +275,9 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
     occupants = {holders[g].id: holders[g] for g in gpus if g in holders}
     blockers, takeable = [], []
     for occupant in occupants.values():
+        if occupant.model == waiting.name:
+            blockers.append(f"{sleeper.id}: its cards serve {waiting.name} awake already")
+            continue
         blocker = why_not(occupant, waiting, inputs)
         if blocker is None:
             takeable.append(occupant)
@@ -289,10 +292,16 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
         trial.sleepers_on[gpu] = list(on)
     trial.remove(sleeper, inputs.specs[sleeper.model], nodes)
     moves = victim_moves(takeable, f"to wake {sleeper.id}", inputs, trial)
-    moves += memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id})
+    moves = settled(moves + memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id}))
     if any(m.action == "blocked" for m in moves):
         return WakePlan(None, blockers=[m.why for m in moves if m.action == "blocked"])
     return WakePlan(sleeper, moves)
+
+
+def settled(moves: list[Move]) -> list[Move]:
+    """A victim planned to sleep whose reserve then had to go too simply stops."""
+    stopped = {m.replica.id for m in moves if m.action == "stop" and m.replica is not None}
+    return [m for m in moves if not (m.action == "sleep" and m.replica.id in stopped)]
 
 
 def _usable(node: Node | None) -> bool:
