@@ -49,6 +49,22 @@ if TYPE_CHECKING:
     help="Cut streams after this many tokens (-1: never).",
 )
 @click.option("--unhealthy", is_flag=True, help="/health answers 503.")
+@click.option(
+    "--sleep-delay", "sleep_s", default=0.0, show_default=True, help="Seconds to fall asleep."
+)
+@click.option(
+    "--wake-delay", "wake_s", default=0.0, show_default=True, help="Seconds to wake from sleep."
+)
+@click.option(
+    "--gpu-memory", "gpu_memory_mb", default=0, show_default=True, help="MiB a GPU held awake."
+)
+@click.option(
+    "--sleep-gpu-memory",
+    "sleep_gpu_memory_mb",
+    default=0,
+    show_default=True,
+    help="MiB a GPU held asleep.",
+)
 def sim_engine(
     host,
     port,
@@ -64,6 +80,10 @@ def sim_engine(
     hang,
     close_after_tokens,
     unhealthy,
+    sleep_s,
+    wake_s,
+    gpu_memory_mb,
+    sleep_gpu_memory_mb,
 ):
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
@@ -93,6 +113,10 @@ def settings_from(params: dict) -> EngineSettings:
         cache_tokens=params["cache_tokens"],
         prefill_s_per_token=params["prefill_s_per_token"],
         faults=faults,
+        sleep_s=params["sleep_s"],
+        wake_s=params["wake_s"],
+        gpu_memory_mb=params["gpu_memory_mb"],
+        sleep_gpu_memory_mb=params["sleep_gpu_memory_mb"],
     )
 
 

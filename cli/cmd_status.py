@@ -12,6 +12,10 @@ from controlplane.model import parse_duration
 MAX_LINES = 4  # per list, so that the screen stays one screen at 2,000 nodes
 
 
+def gib(mib: int) -> str:
+    return f"{mib / 1024:.1f} GiB"
+
+
 def deciding_fabrics(s: dict) -> list[dict]:
     """For each GPU class that a multi-node model cannot be placed on, the fabric closest to
     fitting it (most whole free nodes of that class): what an operator must see to act."""
@@ -104,6 +108,13 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
             f" {len(room['waiting_for_room'])} model(s) waiting for room"
         )
     out.append(f"REPLICAS  {counts(s['replicas'])}")
+    sleepers = s.get("asleep", {})
+    if sleepers.get("replicas"):
+        out.append(
+            f"ASLEEP    {sleepers['replicas']} replica(s) on {sleepers['cards']} card(s):"
+            f" {gib(sleepers['gpu_memory_mb'])} of GPU memory,"
+            f" {gib(sleepers['host_memory_mb'])} of host memory kept"
+        )
     r = s.get("routers", {})
     if r.get("live") or r.get("silent"):
         out.append(f"ROUTERS   {r['live'] + r['silent']} ({r['live']} live, {r['silent']} silent)")

@@ -49,20 +49,24 @@ def node_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
 def replica_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers = ["NAME", "MODEL", "STATE", "NODES", "GPUS", "IDLE", "AGE"]
     if wide:
-        headers += ["URL", "REASON"]
+        headers += ["CARDS", "URL", "REASON"]
     rows = []
     for r in items:
+        placement = r.get("placement") or []
+        cards = sum(len(p["gpus"]) for p in placement)
         row = [
             r["id"],
             r["model"],
             r["state"],
             ",".join(r["nodes"]),
-            r["gpus"],
+            # An engine asleep keeps only a reserve of its cards' memory: in parentheses.
+            f"({cards})" if r["state"] == "Asleep" and not r["gpus"] else r["gpus"],
             idle_text(r["idle_s"], r["idle_state"]),
             duration(r["age_s"]),
         ]
         if wide:
-            row += [r["url"] or "-", r["reason"] or "-"]
+            shown = " ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in placement)
+            row += [shown or "-", r["url"] or "-", r["reason"] or "-"]
         rows.append(row)
     return table(headers, rows, no_headers, right={4}, width=width)
 

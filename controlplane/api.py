@@ -501,6 +501,9 @@ async def metrics(request: web.Request) -> web.Response:
         "stops": dict(term(request).reconciler.stops),
         "swap_totals": dict(fleet.swap_totals),
         "swap_seconds": fleet.swap_seconds.copy(),
+        "sleep_totals": dict(fleet.sleep_totals),
+        "wake_totals": dict(fleet.wake_totals),
+        "wake_seconds": fleet.wake_seconds.copy(),
         "views_built": term(request).views.built,
     }
     fleet_summary = await view(request, ("summary", None), lambda s: summary(s))

@@ -6,7 +6,7 @@ state, so dashboards sum and filter them. Label values are escaped as the format
 
 from __future__ import annotations
 
-from controlplane.histogram import SWAP_BUCKETS, Histogram
+from controlplane.histogram import SWAP_BUCKETS, WAKE_BUCKETS, Histogram
 from controlplane.summary import ROUTER_STATES
 
 NODE_STATES = ("ready", "not_ready", "cordoned", "draining")
@@ -135,6 +135,38 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
     out += (stats.get("swap_seconds") or Histogram(SWAP_BUCKETS)).lines(
         "gpufleet_swap_seconds",
         "From the first waiting request to the swapped-in replica Ready.",
+    )
+    out += family(
+        "gpufleet_sleeps_total",
+        "counter",
+        "Engines put to sleep (asleep at last), by model.",
+        (({"model": m["name"]}, stats.get("sleep_totals", {}).get(m["name"], 0)) for m in models),
+    )
+    out += family(
+        "gpufleet_wakes_total",
+        "counter",
+        "Sleeping engines woken to Ready, by model.",
+        (({"model": m["name"]}, stats.get("wake_totals", {}).get(m["name"], 0)) for m in models),
+    )
+    out += (stats.get("wake_seconds") or Histogram(WAKE_BUCKETS)).lines(
+        "gpufleet_wake_seconds",
+        "From telling a sleeping engine to wake to its replica Ready.",
+    )
+    sleepers = numbers.get("asleep", {})
+    out += family(
+        "gpufleet_asleep_replicas",
+        "gauge",
+        "Replicas whose engines sleep.",
+        [({}, sleepers.get("replicas", 0))],
+    )
+    out += family(
+        "gpufleet_asleep_memory_bytes",
+        "gauge",
+        "Memory sleeping engines keep: GPU memory (their reserves), host memory (level 1).",
+        [
+            ({"kind": "gpu"}, sleepers.get("gpu_memory_mb", 0) * 2**20),
+            ({"kind": "host"}, sleepers.get("host_memory_mb", 0) * 2**20),
+        ],
     )
     out += family(
         "gpufleet_models_waiting_for_room",

@@ -21,15 +21,18 @@ from controlplane.shapes import (
     Shapes,
     node_capacity,
 )
+from controlplane.sleep import holds_card, memory_of, sleeper_idle
 
 ROUTER_STATES = ("live", "silent", "gone")
 
 
 def _held(snap: FleetSnapshot) -> dict[str, frozenset[int]]:
-    """The GPU indexes held on each node."""
+    """The GPU indexes held on each node (by an awake engine: a sleeper leaves its card free
+    for one, but for its reserve of memory)."""
     held: dict[str, set[int]] = defaultdict(set)
+    specs = {s.name: s for s in snap.specs}
     for r in snap.replicas:
-        if r.state in HOLDING:
+        if holds_card(r, specs):
             for piece in r.placement:
                 held[piece.node].update(piece.gpus)
     return {node: frozenset(indexes) for node, indexes in held.items()}
@@ -94,6 +97,9 @@ def shown_state(replica, nodes: dict) -> tuple[str, list[str]]:
 
 def replica_row(snap: FleetSnapshot, replica, nodes: dict) -> dict:
     seconds, state = snap.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
+    if replica.state == ReplicaState.ASLEEP and replica.sleep:
+        # Nothing routes to a sleeper: as idle as when it fell asleep, and since.
+        seconds, state = sleeper_idle(replica, snap.now), IdleState.AT_LEAST
     shown, faults = shown_state(replica, nodes)
     return {
         "id": replica.id,
@@ -110,6 +116,7 @@ def replica_row(snap: FleetSnapshot, replica, nodes: dict) -> dict:
         "reason": "; ".join(faults) or replica.reason,
         "age_s": round(max(0.0, snap.now - replica.created_at), 1),
         "exit_code": replica.exit_code,
+        "sleep_level": replica.sleep,
     }
 
 
@@ -125,7 +132,12 @@ SWAP_WINDOW_S = 3600.0
 
 
 def model_state(
-    desired: int, ready: int, reason: str, waiting: int = 0, room: dict | None = None
+    desired: int,
+    ready: int,
+    reason: str,
+    waiting: int = 0,
+    room: dict | None = None,
+    asleep: int = 0,
 ) -> str:
     if desired == 0:
         return "ScaledToZero"
@@ -133,6 +145,8 @@ def model_state(
         return "WaitingForRoom"
     if ready == 0 and waiting and not reason:
         return "Waking"
+    if ready == 0 and asleep:
+        return "Asleep"
     if reason and ready == 0:
         return "Unplaceable"
     if ready >= desired:
@@ -169,7 +183,9 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
                 "waiting": waiting,
                 "ready": ready,
                 "replicas_by_state": dict(sorted(states.items())),
-                "state": model_state(desired, ready, reason, waiting, room),
+                "state": model_state(
+                    desired, ready, reason, waiting, room, states.get(str(ReplicaState.ASLEEP), 0)
+                ),
                 "reason": reason,
                 "priority": spec.priority,
                 "min_residency_s": spec.min_residency_s,
@@ -179,6 +195,8 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
                 "scale_down_delay_s": spec.scale_down_delay_s,
                 "autoscale": dict(scaling) if scaling else None,
                 "idle_after_s": spec.idle_after_s,
+                "sleep_level": spec.sleep_level,
+                "sleep_after_s": spec.sleep_after_s,
                 "generation": spec.generation,
             }
         )
@@ -302,6 +320,21 @@ def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None, nodes: dic
     }
 
 
+def _sleep_numbers(snap: FleetSnapshot) -> dict:
+    """Sleeping engines: how many, on how many cards, and the memory they keep."""
+    specs = {s.name: s for s in snap.specs}
+    nodes = {n.name: n for n in snap.nodes}
+    memory = memory_of(snap.replicas, specs, nodes)
+    asleep = [r for r in snap.replicas if r.state == ReplicaState.ASLEEP]
+    return {
+        "replicas": len(asleep),
+        "by_level": dict(sorted(Counter(str(r.sleep or "self") for r in asleep).items())),
+        "cards": sum(1 for on in memory.sleepers_on.values() if on),
+        "gpu_memory_mb": sum(memory.reserve.values()),
+        "host_memory_mb": sum(memory.host_used.values()),
+    }
+
+
 def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
     """The numbers of `gpuctl status`. `idle_after_s` None: each model's own threshold."""
     fleet = _node_numbers(snap)
@@ -329,6 +362,7 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
             },
         },
         "waiting": dict(snap.waiting),
+        "asleep": _sleep_numbers(snap),
         "unplaceable": [
             {
                 "model": r["name"],

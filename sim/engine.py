@@ -5,6 +5,10 @@ It answers the paths vLLM and SGLang answer (`/v1/chat/completions`, `/v1/comple
 `/v1/models` with its LoRA adapters, `/health`, `/metrics`) with a configurable time to first token,
 token rate and output length, and injects faults on demand: errors, hangs, streams cut in the
 middle, an unhealthy `/health`. Faults can be changed while it runs with `POST /sim/faults`.
+
+It sleeps as vLLM's sleep mode does (`POST /sleep?level=1|2`, `POST /wake_up`,
+`GET /is_sleeping`), taking `--sleep-delay` and `--wake-delay` to do so, and says what GPU
+memory it holds awake and asleep at `GET /sim/memory`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ class EngineSettings:
     cache_tokens: int = 0  # prefix cache capacity (0: none)
     prefill_s_per_token: float = 0.0  # time to first token grows with the uncached prompt
     faults: Faults = field(default_factory=Faults)
+    sleep_s: float = 0.0  # how long falling asleep takes
+    wake_s: float = 0.0  # how long waking takes
+    gpu_memory_mb: int = 0  # held awake (MiB a GPU), as shown at /sim/memory
+    sleep_gpu_memory_mb: int = 0  # held asleep
 
     def serves(self, name) -> bool:
         return name in self.models or name in self.adapters
@@ -65,6 +73,8 @@ class SimEngine:
         self.started = time.time()
         self.responses: dict[str, dict] = {}  # stored on this replica only, as vLLM does
         self.cache = PrefixCache(settings.cache_tokens)
+        self.sleep_level = 0  # the level it sleeps (or falls asleep) at; 0: awake or waking
+        self.settled_at = 0.0  # when the last sleep or wake is done
 
     # (method, path, handler name): served alone by `app()`, or for many engines at once under
     # a prefix by sim/replicas.py.
@@ -82,6 +92,10 @@ class SimEngine:
         ("GET", "/sim/faults", "get_faults"),
         ("POST", "/sim/faults", "set_faults"),
         ("POST", "/sim/cache/clear", "clear_cache"),
+        ("POST", "/sleep", "sleep"),
+        ("POST", "/wake_up", "wake_up"),
+        ("GET", "/is_sleeping", "is_sleeping"),
+        ("GET", "/sim/memory", "memory"),
     )
 
     def app(self) -> web.Application:
@@ -113,6 +127,8 @@ class SimEngine:
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         if self.loading():
             raise _error(503, "the model is still loading", kind="server_error")
+        if not self.awake():
+            raise _error(503, "the engine is sleeping: wake it first", kind="server_error")
         body = await self._body(request)
         faults = self.settings.faults
         self.requests_total += 1
@@ -315,6 +331,48 @@ class SimEngine:
 
     def loading(self) -> bool:
         return time.time() - self.started < self.settings.startup_s
+
+    # Sleep mode, as vLLM's: the process stays, its weights and KV cache leave the GPU.
+
+    def begin_sleep(self, level: int) -> float:
+        """Start falling asleep at `level`; returns the seconds it takes."""
+        self.sleep_level = level
+        self.settled_at = time.time() + self.settings.sleep_s
+        return self.settings.sleep_s
+
+    def begin_wake(self) -> float:
+        """Start waking; returns the seconds it takes."""
+        if self.sleep_level:
+            self.sleep_level = 0
+            self.settled_at = time.time() + self.settings.wake_s
+        return max(0.0, self.settled_at - time.time())
+
+    def asleep(self) -> bool:
+        return self.sleep_level > 0 and time.time() >= self.settled_at
+
+    def awake(self) -> bool:
+        return self.sleep_level == 0 and time.time() >= self.settled_at
+
+    async def sleep(self, request: web.Request) -> web.Response:
+        try:
+            level = int(request.query.get("level", "1"))
+        except ValueError:
+            level = 0
+        if level not in (1, 2):
+            raise _error(400, "level must be 1 or 2")
+        await asyncio.sleep(self.begin_sleep(level))
+        return web.Response(text="")
+
+    async def wake_up(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.begin_wake())
+        return web.Response(text="")
+
+    async def is_sleeping(self, request: web.Request) -> web.Response:
+        return _json_response({"is_sleeping": self.sleep_level > 0})
+
+    async def memory(self, request: web.Request) -> web.Response:
+        held = self.settings.sleep_gpu_memory_mb if self.asleep() else self.settings.gpu_memory_mb
+        return _json_response({"gpu_memory_mb": held, "sleep_level": self.sleep_level})
 
     async def health(self, request: web.Request) -> web.Response:
         if self.loading():

@@ -2,7 +2,7 @@
 
     fabrics:
       - {name: ib-a, nodes: 4, gpu_class: H100-80GB, gpus_per_node: 8}
-      - {name: ib-b, nodes: 2, gpu_class: A100-80GB, gpus_per_node: 8}
+      - {name: ib-b, nodes: 2, gpu_class: A100-80GB, gpus_per_node: 8, host_memory_mb: 1048576}
     nodes:                       # optional, per node
       ib-a-0: {unhealthy_gpus: {3: "uncorrectable ECC"}, labels: {zone: a}}
     replicas: processes          # or in_process: no process a replica (sim/replicas.py)
@@ -46,6 +46,7 @@ class SimInventory:
     gpu_class: str
     gpu_count: int
     memory_mb: int
+    host_memory_mb: int = 0  # 0: twice the node's GPU memory, as a DGX-class node has
     labels: dict[str, str] = field(default_factory=dict)
     faults: dict[int, str] = field(default_factory=dict)
     replicas: str = "processes"  # or "in_process"
@@ -56,6 +57,7 @@ class SimInventory:
             "address": self.address,
             "fabric": self.fabric,
             "labels": {**self.labels, "gpufleet.io/simulated": "true"},
+            "host_memory_mb": self.host_memory_mb or 2 * self.memory_mb * self.gpu_count,
             "gpus": [
                 {
                     "index": i,
@@ -98,7 +100,14 @@ def parse_fleet(data, address: str = "127.0.0.1") -> list[SimInventory]:
         where = f"fabrics[{i}]"
         if not isinstance(fabric, dict):
             raise FleetFileError(f"{where}: expected a mapping")
-        extra = set(fabric) - {"name", "nodes", "gpu_class", "gpus_per_node", "memory_mb"}
+        extra = set(fabric) - {
+            "name",
+            "nodes",
+            "gpu_class",
+            "gpus_per_node",
+            "memory_mb",
+            "host_memory_mb",
+        }
         if extra:
             raise FleetFileError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
         name, gpu_class = fabric.get("name"), fabric.get("gpu_class")
@@ -109,8 +118,13 @@ def parse_fleet(data, address: str = "127.0.0.1") -> list[SimInventory]:
         count = _positive(fabric, "nodes", where)
         gpus = _positive(fabric, "gpus_per_node", where)
         memory = int(fabric.get("memory_mb") or MEMORY_MB.get(gpu_class, 0))
+        host = fabric.get("host_memory_mb", 0)
+        if isinstance(host, bool) or not isinstance(host, int) or host < 0:
+            raise FleetFileError(f"{where}: host_memory_mb must be a non-negative integer (MiB)")
         nodes += [
-            SimInventory(f"{name}-{n}", address, name, gpu_class, gpus, memory, replicas=replicas)
+            SimInventory(
+                f"{name}-{n}", address, name, gpu_class, gpus, memory, host, replicas=replicas
+            )
             for n in range(count)
         ]
     by_name = {n.name: n for n in nodes}

@@ -86,6 +86,9 @@ class InProcess:
     state: str = "Starting"
     reason: str = ""
     exit_code: int | None = None
+    sleep: int = 0  # the level the control plane wants it asleep at (0: awake)
+    engine: str | None = None
+    engine_endpoints: dict | None = None
 
 
 class InProcessSupervisor(Reconciles):
@@ -150,10 +153,26 @@ class InProcessSupervisor(Reconciles):
                 record.state = "Ready"  # followers serve through the leader's endpoint
             elif engine.loading():
                 record.state = "Starting"
+            elif record.sleep or engine.sleep_level or not engine.awake():
+                record.state, record.reason = self._sleep_or_wake(record, engine), ""
             elif engine.settings.faults.unhealthy:
                 record.state, record.reason = "Unhealthy", "/health is failing"
             else:
                 record.state, record.reason = "Ready", ""
+
+    @staticmethod
+    def _sleep_or_wake(record: InProcess, engine: SimEngine) -> str:
+        """The engine's state as it sleeps or wakes the way the control plane wants (sim
+        engines take vLLM's orders; an engine of another kind is never told to sleep)."""
+        if record.sleep and not engine.sleep_level:
+            engine.begin_sleep(record.sleep)
+        elif not record.sleep and engine.sleep_level:
+            engine.begin_wake()
+        if engine.asleep():
+            return "Asleep"
+        if record.sleep:
+            return "Ready"  # still falling asleep: as its agent knows, it serves
+        return "Ready" if engine.awake() else "Waking"
 
     def reports(self) -> dict[str, dict]:
         out: dict[str, dict] = {}

@@ -33,6 +33,19 @@ class DiscoveredGPU:
     fabric: str | None  # "<cluster uuid>/<clique id>" when the GPU fabric is up
 
 
+def host_memory_mb(meminfo: str = "/proc/meminfo") -> int:
+    """The node's memory in MiB (MemTotal), where level-1 sleepers keep their weights; 0 when
+    it cannot be read."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def load_nvml():
     """The pynvml module, initialised; None when there is no driver or no GPU."""
     try:
@@ -238,6 +251,7 @@ class NvmlInventory:
             "address": self.address,
             "fabric": self.fabric,
             "labels": self.labels,
+            "host_memory_mb": host_memory_mb(),
             "gpus": [
                 {
                     "index": g.index,

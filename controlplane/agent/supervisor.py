@@ -24,6 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
+from controlplane.agent.engines import control_of, order, sleeping
 from controlplane.agent.envfrom import EnvFromError
 from controlplane.agent.envfrom import resolve as resolve_env_from
 
@@ -42,11 +43,14 @@ class Running:
     rank: int
     health_path: str
     started_at: float
-    state: str = "Starting"  # Starting, Ready, Unhealthy, Failed
+    state: str = "Starting"  # Starting, Ready, Unhealthy, Failed; Asleep, Waking
     reason: str = ""
     exit_code: int | None = None
     failed_probes: int = 0
     stopping_since: float = 0.0
+    sleep: int = 0  # the level the control plane wants it asleep at (0: awake)
+    engine: str | None = None
+    engine_endpoints: dict | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -146,11 +150,17 @@ class Reconciles:
     failed: dict
 
     def reconcile(self, assignments: list[dict]) -> None:
-        """Start what is assigned and not running; stop what runs and is not assigned."""
+        """Start what is assigned and not running; stop what runs and is not assigned; note
+        which engines should sleep (the next `check` tells them)."""
         wanted = {a["replica"]: a for a in assignments}
-        for replica in list(self.running):
+        for replica, run in list(self.running.items()):
             if replica not in wanted:
                 self.stop(replica)
+                continue
+            assignment = wanted[replica]
+            run.sleep = int(assignment.get("sleep") or 0)
+            run.engine = assignment.get("engine")
+            run.engine_endpoints = assignment.get("engine_endpoints") or {}
         for replica, assignment in wanted.items():
             if (
                 replica not in self.running
@@ -186,6 +196,7 @@ class Supervisor(Reconciles):
         self.failed: dict[str, Running] = {}
         self.ports = ports or EnginePorts()
         self.ports.join(self)
+        self.orders: dict[str, asyncio.Task] = {}  # replica -> its sleep or wake call
         self.adopt()
 
     # records
@@ -234,6 +245,7 @@ class Supervisor(Reconciles):
             "nnodes": str(a["nnodes"]),
             "master_addr": a.get("master_addr") or self.address,
             "host": "127.0.0.1",
+            "gpu_memory_utilization": str(a.get("gpu_memory_utilization") or "0.9"),
         }
         argv = expand(a["command"], values)
         try:
@@ -356,13 +368,43 @@ class Supervisor(Reconciles):
                 run.state = "Ready"  # followers serve through the leader's endpoint
                 continue
             leaders.append(run)
+        for run in leaders:
+            self._sleep_or_wake(session, run)
+        awake = [r for r in leaders if r.state != "Asleep" and r.replica not in self.orders]
         # All at once: one hung engine must not delay the others' probes or the heartbeat.
-        await asyncio.gather(*(self._probe(session, run) for run in leaders))
+        await asyncio.gather(*(self._probe(session, run) for run in awake))
         for run in leaders:
             if run.state == "Starting" and time.time() - run.started_at > self.start_timeout_s:
                 run.state, run.reason = "Failed", "not healthy within the start timeout"
                 self.stop(run.replica)
                 self.failed[run.replica] = run
+
+    def _sleep_or_wake(self, session: aiohttp.ClientSession, run: Running) -> None:
+        """Tell an engine to sleep or wake as the control plane wants, in the background: a
+        level-1 sleep moves the weights to host memory, seconds the heartbeat must not wait."""
+        control = control_of(run.engine, run.engine_endpoints)
+        if control is None or not control.takes_orders or run.replica in self.orders:
+            return
+        base = f"http://127.0.0.1:{run.port}"
+        if run.sleep and run.state in ("Ready", "Unhealthy"):
+            call, then = order(session, base, control.sleep, run.sleep), "Asleep"
+        elif not run.sleep and run.state == "Asleep":
+            call, then = order(session, base, control.wake), "Waking"
+        else:
+            return
+
+        async def carry_out() -> None:
+            try:
+                failed = await call
+            finally:
+                self.orders.pop(run.replica, None)
+            if failed:
+                run.reason = f"{'sleep' if then == 'Asleep' else 'wake'} failed: {failed}"
+                log.warning("%s: %s", run.replica, run.reason)
+            else:
+                run.state, run.reason, run.failed_probes = then, "", 0
+
+        self.orders[run.replica] = asyncio.ensure_future(carry_out())
 
     async def _probe(self, session: aiohttp.ClientSession, run: Running) -> None:
         url = f"http://127.0.0.1:{run.port}{run.health_path}"
@@ -371,9 +413,16 @@ class Supervisor(Reconciles):
                 healthy = resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             healthy = False
+        control = control_of(run.engine, run.engine_endpoints)
+        if healthy and control is not None and not control.takes_orders:
+            # An engine that sleeps by itself (llama.cpp): it says so, and stays routable.
+            asleep = await sleeping(session, f"http://127.0.0.1:{run.port}", control)
+            if asleep:
+                run.state, run.failed_probes, run.reason = "Asleep", 0, "asleep by itself"
+                return
         if healthy:
             run.state, run.failed_probes, run.reason = "Ready", 0, ""
-        elif run.state != "Starting":
+        elif run.state not in ("Starting", "Waking"):
             run.failed_probes += 1
             if run.failed_probes >= UNHEALTHY_AFTER:
                 run.state, run.reason = "Unhealthy", f"{run.health_path} is failing"

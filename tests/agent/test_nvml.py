@@ -102,3 +102,12 @@ def test_critical_xids_mark_the_gpu_but_application_xids_do_not():
     assert health == {0: (True, ""), 1: (False, "critical XID 79"), 2: (True, "")}
     described = inventory.describe()
     assert described["fabric"] == "ib-a" and len(described["gpus"]) == 3
+
+
+def test_host_memory_is_read_from_meminfo(tmp_path):
+    from controlplane.agent.nvml import host_memory_mb
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       2113470464 kB\nMemFree:        1000 kB\n")
+    assert host_memory_mb(str(meminfo)) == 2063936
+    assert host_memory_mb(str(tmp_path / "missing")) == 0

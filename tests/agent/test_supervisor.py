@@ -170,3 +170,42 @@ def test_no_port_to_give_fails_the_replica_with_the_reason(tmp_path, monkeypatch
         assert report["state"] == "Failed" and "cannot give the engine a port" in report["reason"]
     finally:
         node.stop_all(wait_s=3)
+
+
+def test_an_engine_is_told_to_sleep_and_to_wake_as_its_assignment_says(supervisors):
+    supervisor = supervisors()
+    slow_waker = [*ENGINE, "--wake-delay", "0.5"]
+    asleep = {**assignment("r1", command=slow_waker), "engine": "vllm", "sleep": 1}
+    awake = {**asleep, "sleep": 0}
+    supervisor.reconcile([awake])
+    run = supervisor.running["r1"]
+    asyncio.run(settle(supervisor, lambda: run.state == "Ready"))
+    supervisor.reconcile([asleep])
+    asyncio.run(settle(supervisor, lambda: run.state == "Asleep"))
+    assert supervisor.reports()["r1"]["state"] == "Asleep"
+
+    async def is_sleeping():
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{run.port}/is_sleeping"
+            async with session.get(url) as resp:
+                return (await resp.json())["is_sleeping"]
+
+    assert asyncio.run(is_sleeping()) is True
+    supervisor.reconcile([awake])
+    started = time.monotonic()
+    asyncio.run(settle(supervisor, lambda: run.state == "Ready"))
+    assert time.monotonic() - started >= 0.5, "Ready only once the engine has woken"
+    assert asyncio.run(is_sleeping()) is False
+    assert process_alive(run.pid), "the same process throughout: no cold start"
+
+
+def test_a_failed_sleep_order_is_reported_and_the_engine_keeps_serving(supervisors):
+    supervisor = supervisors()
+    custom = {"sleep": "/no-such-path", "wake": "/wake_up", "asleep": "/is_sleeping"}
+    a = {**assignment("r1"), "engine": "custom", "engine_endpoints": custom, "sleep": 0}
+    supervisor.reconcile([a])
+    run = supervisor.running["r1"]
+    asyncio.run(settle(supervisor, lambda: run.state == "Ready"))
+    supervisor.reconcile([{**a, "sleep": 2}])
+    asyncio.run(settle(supervisor, lambda: "sleep failed: HTTP 404" in run.reason))
+    assert run.state == "Ready"
