@@ -33,16 +33,19 @@ def free_gpus(
 ) -> list[int]:
     """Healthy, unheld GPUs of `gpu_class` on `node`, by index. With `reserve` (MiB kept by
     sleeping engines per GPU): only those where an awake engine taking `awake_mb` (None: 0.9
-    of the card) fits beside them."""
+    of the card) fits beside them, the least reserved first."""
     reserve = reserve or {}
-    return sorted(
+    free = [
         g.index
         for g in node.gpus
         if g.gpu_class == gpu_class
         and g.healthy
         and (node.name, g.index) not in held
         and _fits(g.memory_mb, reserve.get((node.name, g.index), 0), awake_mb)
-    )
+    ]
+    # Cards with the fewest sleepers first: sleepers spread over the cards, so that two
+    # models wanted at once seldom need the same one awake.
+    return sorted(free, key=lambda i: (reserve.get((node.name, i), 0), i))
 
 
 def _fits(card_mb: int, reserve: int, awake_mb: int | None) -> bool:

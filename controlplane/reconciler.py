@@ -219,7 +219,7 @@ class Reconciler:
                 fleet.set_reason(spec.name, "")
             elif spec.name not in fleet.room:
                 fleet.set_reason(spec.name, outcome.reason)
-        else:
+        elif not fleet.room.get(spec.name, {}).get("wake"):
             fleet.set_reason(spec.name, "")
             fleet.room.pop(spec.name, None)
         extra = len(staying) - desired
@@ -530,7 +530,9 @@ class Reconciler:
             if move.action == "sleep":
                 seconds, state = fleet.idle.idle_for(replica.id)
                 bound = "≥" if state == IdleState.AT_LEAST else ""
-                fleet.put_to_sleep(replica, f"{why}; idle {bound}{duration(seconds)}", seconds)
+                if not why.startswith("idle"):
+                    why += f"; idle {bound}{duration(seconds)}"
+                fleet.put_to_sleep(replica, why, seconds)
                 self.stops["sleep"] = self.stops.get("sleep", 0) + 1
             elif replica.state == ReplicaState.READY:
                 seconds, state = fleet.idle.idle_for(replica.id)
@@ -582,18 +584,19 @@ class Reconciler:
             fleet.demand_since.setdefault(model, now)
             plan = plan_wake(spec, self._room_inputs(now))
             if plan.replica is None:
-                if self._placer().place(spec, 1).placements:
-                    # No sleeper can wake soon, free cards wait elsewhere: a cold start there
-                    # beats waiting; the sleeper makes way for it.
+                if plan.final and self._placer().place(spec, 1).placements:
+                    # No sleeper can ever wake where it is (what holds its cards is there for
+                    # good), free cards wait elsewhere: a cold start there; the sleeper goes.
                     self._stop(asleep[0], f"replaced by a cold start: {plan.reason}")
                     continue
                 reason = f"waiting to wake: {plan.reason}"
-                fleet.room[model] = {"reason": reason, "victims": [], "final": False}
+                fleet.room[model] = {"reason": reason, "victims": [], "final": False, "wake": True}
                 fleet.set_reason(model, reason, quiet=True)
                 continue
             if plan.now:
                 fleet.woken_at[model] = now
                 fleet.wake(plan.replica, f"woken: {asking[model]}")
+                fleet.room.pop(model, None)
                 fleet.set_reason(model, "")
                 continue
             self._carry_out(plan.moves, "")
@@ -609,7 +612,7 @@ class Reconciler:
             names = ", ".join(m.replica.id for m in plan.moves)
             reason = f"waiting for room: {names} making way to wake {plan.replica.id}"
             fleet.room[model] = {"reason": reason, "victims": [m.replica.id for m in plan.moves],
-                                 "final": False}  # fmt: skip
+                                 "final": False, "wake": True}  # fmt: skip
             fleet.set_reason(model, reason)
 
     def _sleep_withdrawn(self) -> None:

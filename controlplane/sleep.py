@@ -215,6 +215,7 @@ class WakePlan:
     replica: Replica | None  # the sleeper to wake (now, or once `moves` are done)
     moves: list[Move] = field(default_factory=list)  # what must sleep or stop first
     blockers: list[str] = field(default_factory=list)  # why no sleeper can wake yet
+    final: bool = False  # what blocks every sleeper holds for good (priority, min_replicas)
 
     @property
     def now(self) -> bool:
@@ -251,10 +252,12 @@ def plan_wake(waiting: ModelSpec, inputs: RoomInputs) -> WakePlan:
     )
     best: tuple[tuple, WakePlan] | None = None
     blockers: list[str] = []
+    final = True
     for sleeper in sleepers:
         plan = _wake_one(sleeper, waiting, inputs, nodes, memory, holders)
         if plan.replica is None:
             blockers += plan.blockers
+            final = final and plan.final
             continue
         stops = sum(1 for m in plan.moves if m.action == "stop")
         key = (stops, len(plan.moves), sleeper.id)
@@ -262,7 +265,7 @@ def plan_wake(waiting: ModelSpec, inputs: RoomInputs) -> WakePlan:
             best = (key, plan)
     if best is not None:
         return best[1]
-    return WakePlan(None, blockers=sorted(set(blockers)))
+    return WakePlan(None, blockers=sorted(set(blockers)), final=final)
 
 
 def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holders) -> WakePlan:
@@ -271,9 +274,10 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
         return WakePlan(None, blockers=[f"{sleeper.id}: its GPUs are kept for another model"])
     node_down = [p.node for p in sleeper.placement if not _usable(nodes.get(p.node))]
     if node_down:
-        return WakePlan(None, blockers=[f"{sleeper.id}: node {node_down[0]} is not usable"])
+        blocker = f"{sleeper.id}: node {node_down[0]} is not usable"
+        return WakePlan(None, blockers=[blocker], final=True)
     occupants = {holders[g].id: holders[g] for g in gpus if g in holders}
-    blockers, takeable = [], []
+    blockers, takeable, final = [], [], True
     for occupant in occupants.values():
         if occupant.model == waiting.name:
             blockers.append(f"{sleeper.id}: its cards serve {waiting.name} awake already")
@@ -283,8 +287,9 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
             takeable.append(occupant)
         else:
             blockers.append(str(blocker))
+            final = final and blocker.permanent
     if blockers:
-        return WakePlan(None, blockers=blockers)
+        return WakePlan(None, blockers=blockers, final=final)
     trial = Memory()
     trial.reserve.update(memory.reserve)
     trial.host_used.update(memory.host_used)
@@ -294,7 +299,8 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
     moves = victim_moves(takeable, f"to wake {sleeper.id}", inputs, trial)
     moves = settled(moves + memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id}))
     if any(m.action == "blocked" for m in moves):
-        return WakePlan(None, blockers=[m.why for m in moves if m.action == "blocked"])
+        blocked = [m.why for m in moves if m.action == "blocked"]
+        return WakePlan(None, blockers=blocked, final=True)
     return WakePlan(sleeper, moves)
 
 
