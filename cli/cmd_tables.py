@@ -249,6 +249,13 @@ def describe_model(m: dict, wide: bool) -> str:
         )
         if m.get("autoscale"):
             lines.append(f"LOAD         {m['autoscale']['reason']}")
+    if spec.get("sleep_level") is not None:
+        after = spec.get("sleep_after_s")
+        lines.append(
+            f"SLEEP        {spec.get('engine')} level {spec['sleep_level']}"
+            + (f", after {duration(after)} idle" if after is not None else ", by itself")
+            + f"; wake within {duration(spec.get('wake_timeout_s') or 0)} or restart cold"
+        )
     if m["reason"]:
         lines.append(f"REASON       {m['reason']}")
     lines += ["", "REPLICAS"]

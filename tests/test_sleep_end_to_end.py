@@ -67,6 +67,11 @@ def test_an_idle_engine_sleeps_and_a_request_swaps_it_in_by_waking(procs, tmp_pa
     assert summary["capacity"]["H100-80GB"]["used"] == 0, "its card is free for an awake one"
     shown = CliRunner().invoke(gpuctl, ["--server", fleet.url, "replicas", "-o", "wide"]).output
     assert "Asleep" in shown and "ib-a-0:0" in shown, shown
+    described = CliRunner().invoke(gpuctl, ["--server", fleet.url, "models", "alpha"]).output
+    assert "STATE        Asleep" in described, described
+    assert "SLEEP        vllm level 1, after 2s idle; wake within 30s" in described, described
+    status = CliRunner().invoke(gpuctl, ["--server", fleet.url, "status"]).output
+    assert "ASLEEP    1 replica(s) on 1 card(s): 1.9 GiB of GPU memory" in status, status
 
     # beta is placed beside the sleeper (60 GB awake + 2 GB asleep fit on an 80 GB card).
     call("POST", fleet.url + "/v1/models", engine_spec("beta", after="10m"))
