@@ -370,7 +370,13 @@ class Supervisor(Reconciles):
             leaders.append(run)
         for run in leaders:
             self._sleep_or_wake(session, run)
-        awake = [r for r in leaders if r.state != "Asleep" and r.replica not in self.orders]
+        # An engine asleep by order is not probed (its health may fail while it sleeps); one
+        # that sleeps by itself is, to see it wake.
+        awake = [
+            r
+            for r in leaders
+            if not (r.state == "Asleep" and r.sleep) and r.replica not in self.orders
+        ]
         # All at once: one hung engine must not delay the others' probes or the heartbeat.
         await asyncio.gather(*(self._probe(session, run) for run in awake))
         for run in leaders:

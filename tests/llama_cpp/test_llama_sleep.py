@@ -52,7 +52,13 @@ def test_llama_server_sleeps_by_itself_shows_asleep_and_a_request_wakes_it(
     wake = time.monotonic() - started
     assert answer.choices
     assert not sleeping(engine)
-    wait_until(lambda: fleet.replicas("Ready"), timeout=10, what="Ready again")
+
+    def woken_event():
+        events = call("GET", f"{fleet.url}/v1/models/{MODEL}")[1]["events"]
+        return any(e["message"].endswith("Ready: woken by a request") for e in events)
+
+    # It falls asleep again IDLE_S after the answer: the fleet saw it awake in between.
+    wait_until(woken_event, timeout=10, what="the fleet to see it awake again")
     print(
         f"llama.cpp: first answer from sleep {wake:.2f} s; cold start (apply to Ready)"
         f" {cold_start:.2f} s"
