@@ -59,7 +59,7 @@ class Settings:
     sleep_after_s: float = 30.0
     scale_to_zero_after_s: float = 600.0
     residency_s: float = 30.0  # min_residency: half a cold start
-    sleep_residency_s: float = 10.0  # five wakes: ping-pong costs little when a swap is a wake
+    sleep_residency_s: float = 5.0  # a few wakes: ping-pong costs little when a swap is a wake
     warmup_minutes: float = 15.0  # every model asked for now and then, not measured
     seed: int = 7
 

@@ -571,7 +571,12 @@ class Reconciler:
             awake = sum(1 for r in mine if r.state in LIVE or r.state == ReplicaState.WAKING)
             if awake >= fleet.desired(spec):
                 continue
-            dozing = [r for r in mine if r.state == ReplicaState.SLEEPING and not r.sleep]
+            kept_for_others = {v for r in fleet.reservations.values() for v in r.victims}
+            dozing = [
+                r
+                for r in mine
+                if r.state == ReplicaState.SLEEPING and not r.sleep and r.id not in kept_for_others
+            ]
             if dozing:
                 # Its engine is still awake, only its routes are going: it serves again.
                 fleet.set_replica_state(

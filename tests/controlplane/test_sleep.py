@@ -154,8 +154,9 @@ def test_a_swap_puts_the_cards_awake_occupant_to_sleep_and_wakes_the_sleeper(mak
     assert beta.state == ReplicaState.SLEEPING, "beta makes way by sleeping, not stopping"
     assert fleet.reservations["alpha"].wake == alpha.id
     assert alpha.state == ReplicaState.ASLEEP, "not awake beside beta"
-    router.report(waiting={"alpha": 1})
+    router.report(waiting={"alpha": 1, "beta": 1})
     reconciler.tick()
+    assert beta.state == ReplicaState.SLEEPING, "a victim is not revived by its own demand"
     obeying_agent(fleet, "n1")  # beta falls asleep
     assert beta.state == ReplicaState.ASLEEP
     reconciler.tick()
@@ -164,6 +165,16 @@ def test_a_swap_puts_the_cards_awake_occupant_to_sleep_and_wakes_the_sleeper(mak
     assert alpha.state == ReplicaState.READY
     assert fleet.swap_totals == {"alpha": 1}
     assert any("making way to wake" in e for _, e in fleet.events["alpha"])
+
+
+def test_a_replica_wanted_again_before_its_engine_sleeps_serves_at_once(make_fleet, clock):
+    fleet, reconciler, router = asleep_alpha(make_fleet, clock)
+    alpha = one_replica(fleet, "alpha")
+    assert alpha.state == ReplicaState.SLEEPING and alpha.sleep == 0
+    router.report(waiting={"alpha": 1})
+    reconciler.tick()
+    assert alpha.state == ReplicaState.READY and "wanted again before it slept" in alpha.reason
+    assert [r["id"] for r in reconciler.routes.routes["alpha"]] == [alpha.id]
 
 
 def test_a_replica_of_unknown_use_never_sleeps(make_fleet, clock):
