@@ -72,6 +72,10 @@ def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list
             "min_replicas": 0,
             "scale_to_zero_after": "30m",
             "min_residency": "30s",
+            # Its sim engines sleep as vLLM's do: idle 5 minutes, it sleeps on its cards, and
+            # a request wakes it in a fraction of a second instead of a cold start.
+            "engine": "vllm",
+            "sleep": {"level": 1, "after": "5m"},
         },
     ]
     if big and big["gpus_per_replica"] >= 2:

@@ -323,7 +323,7 @@ class Reconciler:
             fleet.woken_at[model] = fleet.wall()  # not stopped for idleness before its time
             fleet.event(
                 model,
-                f"placed on {', '.join(replica.nodes)} after stopping {', '.join(kept.victims)}",
+                f"placed on {', '.join(replica.nodes)} after {', '.join(kept.victims)} made way",
             )
             fleet.room.pop(model, None)
             fleet.set_reason(model, "")
@@ -497,7 +497,6 @@ class Reconciler:
             else:
                 self._carry_out(stops, f"to make room for {spec.name}")
             return
-        names = ", ".join(v.id for v in plan.victims)
         memory = fleet.sleepers()
         moves = victim_moves(plan.victims, f"to make room for {spec.name}: {why}", inputs, memory)
         moves = settled(moves + memory_stops(spec, gpus, inputs, memory))
@@ -510,7 +509,14 @@ class Reconciler:
             now,
         )
         nodes = ", ".join(piece.node for piece in plan.placement)
-        reason = f"waiting for room: stopping {names} on {nodes}"
+        sleeping = [m.replica.id for m in moves if m.action == "sleep"]
+        stopping = [v.id for v in plan.victims if v.id not in sleeping]
+        how = "; ".join(
+            f"{verb} {', '.join(ids)}"
+            for verb, ids in (("stopping", stopping), ("putting to sleep", sleeping))
+            if ids
+        )
+        reason = f"waiting for room: {how} on {nodes}"
         fleet.room[spec.name] = {
             "reason": reason,
             "victims": [v.id for v in plan.victims],

@@ -87,7 +87,7 @@ class InProcess:
     reason: str = ""
     exit_code: int | None = None
     sleep: int = 0  # the level the control plane wants it asleep at (0: awake)
-    engine: str | None = None
+    engine_kind: str | None = None
     engine_endpoints: dict | None = None
 
 

@@ -86,7 +86,7 @@ def test_a_model_that_does_not_fit_is_served_once_an_idle_one_is_stopped_for_it(
         f"{alpha['id']} Retiring: stopped to make room for beta" in e
         for e in events(fleet, "alpha")
     )
-    assert any(f"after stopping {alpha['id']}" in e for e in events(fleet, "beta"))
+    assert any(f"after {alpha['id']} made way" in e for e in events(fleet, "beta"))
     status = call("GET", fleet.url + "/v1/summary")[1]
     wait_until(
         lambda: call("GET", fleet.url + "/v1/summary")[1]["room"]["swaps_last_hour"] == 1,

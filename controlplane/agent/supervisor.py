@@ -49,7 +49,7 @@ class Running:
     failed_probes: int = 0
     stopping_since: float = 0.0
     sleep: int = 0  # the level the control plane wants it asleep at (0: awake)
-    engine: str | None = None
+    engine_kind: str | None = None
     engine_endpoints: dict | None = None
 
 
@@ -159,7 +159,7 @@ class Reconciles:
                 continue
             assignment = wanted[replica]
             run.sleep = int(assignment.get("sleep") or 0)
-            run.engine = assignment.get("engine")
+            run.engine_kind = assignment.get("engine")
             run.engine_endpoints = assignment.get("engine_endpoints") or {}
         for replica, assignment in wanted.items():
             if (
@@ -388,7 +388,7 @@ class Supervisor(Reconciles):
     def _sleep_or_wake(self, session: aiohttp.ClientSession, run: Running) -> None:
         """Tell an engine to sleep or wake as the control plane wants, in the background: a
         level-1 sleep moves the weights to host memory, seconds the heartbeat must not wait."""
-        control = control_of(run.engine, run.engine_endpoints)
+        control = control_of(run.engine_kind, run.engine_endpoints)
         if control is None or not control.takes_orders or run.replica in self.orders:
             return
         base = f"http://127.0.0.1:{run.port}"
@@ -419,7 +419,7 @@ class Supervisor(Reconciles):
                 healthy = resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             healthy = False
-        control = control_of(run.engine, run.engine_endpoints)
+        control = control_of(run.engine_kind, run.engine_endpoints)
         if healthy and control is not None and not control.takes_orders:
             # An engine that sleeps by itself (llama.cpp): it says so, and stays routable.
             asleep = await sleeping(session, f"http://127.0.0.1:{run.port}", control)
