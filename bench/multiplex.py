@@ -296,8 +296,13 @@ def run(policy: str, requests: list[Request], s: Settings, workdir: Path) -> Res
                 for i in range(min(8, cards - 8 * n))
             ]
             fleet.register(
-                {"name": name, "address": "127.0.0.1", "fabric": "f", "gpus": gpus,
-                 "host_memory_mb": HOST_MB}  # fmt: skip
+                {
+                    "name": name,
+                    "address": "127.0.0.1",
+                    "fabric": "f",
+                    "gpus": gpus,
+                    "host_memory_mb": HOST_MB,
+                }  # fmt: skip
             )
             agents.append(Agent(fleet, name, s))
         for i in range(s.models):

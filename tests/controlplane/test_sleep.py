@@ -227,9 +227,9 @@ def test_a_sleeper_that_does_not_wake_in_time_is_restarted_cold(make_fleet, cloc
     reconciler.tick()
     assert alpha.state == ReplicaState.FAILED
     assert "did not wake within 30s: restarted cold" in alpha.reason
-    assert any(
-        r.state == ReplicaState.PENDING for r in fleet.replicas_of("alpha")
-    ), "a cold start in its place"
+    assert any(r.state == ReplicaState.PENDING for r in fleet.replicas_of("alpha")), (
+        "a cold start in its place"
+    )
 
 
 def test_a_sleeper_idle_past_scale_to_zero_after_stops(make_fleet, clock):
