@@ -153,7 +153,20 @@ class NodeAgent:
                 raise
             except Exception as exc:  # the control plane may be away: keep replicas as they are
                 log.warning("%s: heartbeat failed: %s", self.inventory.name, exc)
+            await self._until_next_beat()
+
+    async def _until_next_beat(self) -> None:
+        """One heartbeat period, or less when an engine finished falling asleep or waking: a
+        swap waits on that news, not on the next period."""
+        news = getattr(self.supervisor, "news", None)
+        if news is None:
             await asyncio.sleep(self.heartbeat_s)
+            return
+        try:
+            await asyncio.wait_for(news.wait(), self.heartbeat_s)
+        except TimeoutError:
+            pass
+        news.clear()
 
     async def register(self) -> None:
         delay = 0.2

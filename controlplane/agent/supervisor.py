@@ -197,6 +197,7 @@ class Supervisor(Reconciles):
         self.ports = ports or EnginePorts()
         self.ports.join(self)
         self.orders: dict[str, asyncio.Task] = {}  # replica -> its sleep or wake call
+        self.news = asyncio.Event()  # set when an engine is asleep or awake again
         self.adopt()
 
     # records
@@ -407,8 +408,11 @@ class Supervisor(Reconciles):
             if failed:
                 run.reason = f"{'sleep' if then == 'Asleep' else 'wake'} failed: {failed}"
                 log.warning("%s: %s", run.replica, run.reason)
-            else:
-                run.state, run.reason, run.failed_probes = then, "", 0
+                return
+            run.state, run.reason, run.failed_probes = then, "", 0
+            if then == "Waking":
+                await self._probe(session, run)  # Ready at once if its health answers
+            self.news.set()
 
         self.orders[run.replica] = asyncio.ensure_future(carry_out())
 
