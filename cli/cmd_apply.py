@@ -1,4 +1,4 @@
-"""`gpuctl apply -f`, `delete`, `scale`: change the desired state of models."""
+"""`gpuctl apply -f`, `delete`, `scale`: change the desired state of models and adapters."""
 
 import sys
 
@@ -49,12 +49,19 @@ def read_specs(path: str) -> list:
 @OUTPUT
 @pass_context
 def apply(ctx: Context, path: str, dry_run: bool, output: str):
-    """Create or update the models in a YAML file (one spec per document, or `models:`)."""
-    results = []
+    """Create or update the models and adapters in a YAML file (one spec per document, or
+    `models:`); a document with `kind: adapter` is a LoRA adapter of its `base`."""
+    results, names = [], []
+    query = "?dry_run=true" if dry_run else ""
     for spec in read_specs(path):
-        results.append(ctx.post("/v1/models" + ("?dry_run=true" if dry_run else ""), spec))
+        if isinstance(spec, dict) and spec.get("kind") == "adapter":
+            answer = ctx.post("/v1/adapters" + query, spec)
+            names.append(f"adapter/{answer['adapter']['name']}")
+        else:
+            answer = ctx.post("/v1/models" + query, spec)
+            names.append(f"model/{answer['spec']['name']}")
+        results.append(answer)
     suffix = " (dry run)" if dry_run else ""
-    names = [f"model/{answer['spec']['name']}" for answer in results]
     emit(
         output,
         {"items": results},
@@ -72,8 +79,15 @@ def apply(ctx: Context, path: str, dry_run: bool, output: str):
 @OUTPUT
 @pass_context
 def delete(ctx: Context, model: str, output: str):
-    """Delete MODEL; its replicas are stopped."""
-    answer = ctx.delete(f"/v1/models/{model}")
+    """Delete MODEL (its replicas stop), or `adapter/NAME` (unloaded wherever it is)."""
+    kind, _, name = model.rpartition("/")
+    if kind == "adapter":
+        answer = ctx.delete(f"/v1/adapters/{name}")
+        say(output, answer, f"adapter/{answer['adapter']['name']}", "deleted")
+        return
+    if kind not in ("", "model"):
+        raise click.BadParameter(f"{model}: model/NAME or adapter/NAME", param_hint="MODEL")
+    answer = ctx.delete(f"/v1/models/{name}")
     say(output, answer, f"model/{answer['spec']['name']}", "deleted")
 
 

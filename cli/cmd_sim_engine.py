@@ -65,6 +65,19 @@ if TYPE_CHECKING:
     show_default=True,
     help="MiB a GPU held asleep.",
 )
+@click.option(
+    "--max-loras",
+    default=0,
+    show_default=True,
+    help="LoRA adapters loaded at once through /v1/load_lora_adapter (0: no adapter API).",
+)
+@click.option(
+    "--adapter-load-delay",
+    "adapter_load_s",
+    default=0.0,
+    show_default=True,
+    help="Seconds to load one adapter.",
+)
 def sim_engine(
     host,
     port,
@@ -84,6 +97,8 @@ def sim_engine(
     wake_s,
     gpu_memory_mb,
     sleep_gpu_memory_mb,
+    max_loras,
+    adapter_load_s,
 ):
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
@@ -117,6 +132,8 @@ def settings_from(params: dict) -> EngineSettings:
         wake_s=params["wake_s"],
         gpu_memory_mb=params["gpu_memory_mb"],
         sleep_gpu_memory_mb=params["sleep_gpu_memory_mb"],
+        max_loras=params["max_loras"],
+        adapter_load_s=params["adapter_load_s"],
     )
 
 

@@ -115,6 +115,13 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
             f" {gib(sleepers['gpu_memory_mb'])} of GPU memory,"
             f" {gib(sleepers['host_memory_mb'])} of host memory kept"
         )
+    adapters = s.get("adapters", {})
+    if adapters.get("total"):
+        out.append(
+            f"ADAPTERS  {adapters['total']} ({adapters['loaded']} loaded, on"
+            f" {adapters['loaded_replicas']} replica slot(s); {adapters['unused']} unused past"
+            f" their idle_after; {len(adapters['waiting'])} waiting to be loaded)"
+        )
     r = s.get("routers", {})
     if r.get("live") or r.get("silent"):
         out.append(f"ROUTERS   {r['live'] + r['silent']} ({r['live']} live, {r['silent']} silent)")

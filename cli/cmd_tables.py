@@ -270,3 +270,55 @@ def describe_model(m: dict, wide: bool) -> str:
         table(["AGE", "MESSAGE"], rows, width=0 if wide else terminal_width()) if rows else "  none"
     )
     return "\n".join(lines)
+
+
+def adapter_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
+    headers = ["NAME", "BASE", "STATE", "LOADED ON", "IDLE", "WAITING"]
+    headers += ["SOURCE", "REASON"] if wide else ["REASON"]
+    rows = []
+    for a in items:
+        loaded = [h for h in a["replicas"] if h["state"] == "Loaded"]
+        row = [
+            a["name"],
+            a["base"],
+            a["state"],
+            ",".join(h["replica"] for h in loaded) or "-",
+            " ".join(idle_text(h["idle_s"], h["idle_state"]) for h in loaded) or "-",
+            a["waiting"],
+        ]
+        failed = "; ".join(f"{h['replica']}: {h['reason']}" for h in a["replicas"]
+                           if h["state"] == "Failed")  # fmt: skip
+        reason = a["reason"] or failed or "-"
+        row += [a["source"], reason] if wide else [reason]
+        rows.append(row)
+    return table(headers, rows, no_headers, right={5}, width=width)
+
+
+@click.command("adapters")
+@click.argument("name", required=False)
+@OUTPUT
+@NO_HEADERS
+@WATCH
+@INTERVAL
+@pass_context
+def adapters(ctx: Context, name, output: str, no_headers: bool, watch: bool, interval: float):
+    """List LoRA adapters: where each is loaded, how long unused there, and why one is not
+    loaded anywhere; with NAME, one adapter with its events."""
+
+    def show():
+        if name is None:
+            return list_items(
+                ctx, "/v1/adapters", "adapter", "name", adapter_table, output, no_headers
+            )
+        answer = ctx.get(f"/v1/adapters/{name}")
+
+        def human(wide: bool) -> str:
+            now = time.time()
+            events = [[duration(now - e["at"]) + " ago", e["message"]] for e in answer["events"]]
+            lines = [adapter_table([answer], True, False, 0), "", "EVENTS"]
+            lines.append(table(["AGE", "MESSAGE"], events) if events else "  none")
+            return "\n".join(lines)
+
+        emit(output, answer, human, [f"adapter/{name}"])
+
+    watching(show, watch, interval)

@@ -10,7 +10,7 @@ from cli.cmd_sim import sim
 from cli.cmd_sim_engine import sim_engine
 from cli.cmd_status import status
 from cli.cmd_stop_idle import stop_idle
-from cli.cmd_tables import models, nodes, replicas
+from cli.cmd_tables import adapters, models, nodes, replicas
 from cli.cmd_up import up
 from cli.context import Context
 
@@ -54,6 +54,7 @@ for command in (
     nodes,
     replicas,
     models,
+    adapters,
     routers,
     stop_idle,
     apply,

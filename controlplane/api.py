@@ -18,7 +18,7 @@ from controlplane.paging import BadPage, bounds, page
 from controlplane.redact import public_spec
 from controlplane.scaling import plan_stop_idle
 from controlplane.store import OutcomeUnknown, StoreUnavailable
-from controlplane.summary import model_rows, node_rows, replica_rows, summary
+from controlplane.summary import adapter_rows, model_rows, node_rows, replica_rows, summary
 
 TOKENS_KEY = web.AppKey("tokens", dict)
 METRICS_TOKEN_KEY = web.AppKey("metrics_token", str)
@@ -185,6 +185,8 @@ async def post_demand(request: web.Request) -> web.Response:
     if isinstance(waiting, bool) or not isinstance(waiting, int) or waiting < 0:
         raise ApiError(400, "waiting: a non-negative integer", "invalid_request", "waiting")
     fleet = term(request).fleet
+    if model in fleet.adapters:
+        return await adapter_demand(request, model, waiting)
     spec = fleet.demand(model, waiting)
     fleet.flush_records()  # stored before the answer, as every change is
 
@@ -210,6 +212,67 @@ async def post_demand(request: web.Request) -> web.Response:
             "final": bool(reason) and (room is None or room["final"]),
         }
     )
+
+
+async def adapter_demand(request: web.Request, name: str, waiting: int) -> web.Response:
+    """Requests wait for an adapter no replica serves: it is loaded by the next tick (its base
+    woken first if it is at zero), and the answer says where it stands."""
+    fleet = term(request).fleet
+    fleet.adapter_demand(name, waiting)
+    fleet.flush_records()
+
+    def loaded() -> int:
+        return sum(
+            1
+            for r in fleet.replicas.values()
+            if name in r.want_adapters and name in r.adapters and r.state == ReplicaState.READY
+        )
+
+    if not loaded():
+        await term(request).after_next_tick(DEMAND_WAIT_S)
+    return json_response(
+        {
+            "model": name,
+            "desired": 1,
+            "ready": loaded(),
+            "reason": fleet.adapter_reasons.get(name, ""),
+            "final": False,  # an adapter waits for a holder; the park timeout bounds it
+        }
+    )
+
+
+async def list_adapters(request: web.Request) -> web.Response:
+    rows = await view(request, "adapters", adapter_rows)
+    base = request.query.get("base")
+    if base:
+        rows = [r for r in rows if r["base"] == base]
+    return await paged_list(request, "AdapterList", rows, lambda r: (r["name"],))
+
+
+async def get_adapter(request: web.Request) -> web.Response:
+    fleet = term(request).fleet
+    adapter = fleet.adapter(request.match_info["name"])
+    rows = await view(request, "adapters", adapter_rows)
+    row = next(r for r in rows if r["name"] == adapter.name)
+    events = [{"at": at, "message": text} for at, text in fleet.events.get(adapter.name, ())]
+    return json_response({**row, "events": events})
+
+
+async def apply_adapter(request: web.Request) -> web.Response:
+    dry_run = request.query.get("dry_run", "") in ("1", "true")
+    adapter, outcome = term(request).fleet.apply_adapter(await body_of(request), dry_run)
+    if not dry_run:
+        wake(request)
+    answer = {"adapter": adapter.to_dict(), "result": outcome}
+    if dry_run:
+        answer["dry_run"] = True
+    return json_response(answer, 201 if outcome == "created" and not dry_run else 200)
+
+
+async def delete_adapter(request: web.Request) -> web.Response:
+    adapter = term(request).fleet.delete_adapter(request.match_info["name"])
+    wake(request)
+    return json_response({"adapter": adapter.to_dict(), "result": "deleted"})
 
 
 async def stop_idle(request: web.Request) -> web.Response:
@@ -504,10 +567,13 @@ async def metrics(request: web.Request) -> web.Response:
         "sleep_totals": dict(fleet.sleep_totals),
         "wake_totals": dict(fleet.wake_totals),
         "wake_seconds": fleet.wake_seconds.copy(),
+        "adapter_loads": dict(fleet.adapter_loads),
+        "adapter_unloads": dict(fleet.adapter_unloads),
         "views_built": term(request).views.built,
     }
     fleet_summary = await view(request, ("summary", None), lambda s: summary(s))
     models = await view(request, "models", model_rows)
+    stats["adapters"] = await view(request, "adapters", adapter_rows)
     text = await asyncio.to_thread(exposition, fleet_summary, models, stats)
     return web.Response(text=LEADER_FAMILY.format(1) + text, content_type="text/plain")
 
@@ -536,6 +602,10 @@ ROUTES = [
     ("GET", "/v1/models/{name}", get_model, READ),
     ("DELETE", "/v1/models/{name}", delete_model, ("admin",)),
     ("POST", "/v1/models/{name}/scale", scale_model, ("admin",)),
+    ("GET", "/v1/adapters", list_adapters, READ),
+    ("POST", "/v1/adapters", apply_adapter, ("admin",)),
+    ("GET", "/v1/adapters/{name}", get_adapter, READ),
+    ("DELETE", "/v1/adapters/{name}", delete_adapter, ("admin",)),
     ("GET", "/v1/replicas", list_replicas, READ),
     ("GET", "/v1/summary", get_summary, READ),
 ]

@@ -11,6 +11,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from controlplane.adapters import Adapter, slot_id, validate_adapter
 from controlplane.auth import Credentials, new_credential
 from controlplane.autoscale import Window
 from controlplane.histogram import SWAP_BUCKETS, WAKE_BUCKETS, Histogram
@@ -69,6 +70,10 @@ class FleetSnapshot:
     room: dict[str, dict] = field(default_factory=dict)
     swaps: list[tuple[float, str, float]] = field(default_factory=list)  # (at, model, seconds)
     autoscale: dict[str, dict] = field(default_factory=dict)  # model -> the last decision
+    adapters: list[Adapter] = field(default_factory=list)
+    adapter_reasons: dict[str, str] = field(default_factory=dict)  # adapter -> why not loaded
+    # slot_id(replica, adapter) -> idle, for every adapter a replica holds
+    adapter_idle: dict[str, tuple[float, IdleState]] = field(default_factory=dict)
 
 
 REPLICA_REPORT_STATES = {
@@ -127,6 +132,12 @@ class Fleet:
         # Sleeping engines (controlplane/sleep.py): model -> sleeps and wakes; wake seconds.
         self.sleep_totals: dict[str, int] = kept["sleeps"]
         self.wake_totals: dict[str, int] = kept["wakes"]
+        # LoRA adapters (controlplane/adapters.py): the operator's objects, and loads and
+        # unloads counted per adapter.
+        self.adapters: dict[str, Adapter] = kept["adapter"]
+        self.adapter_loads: dict[str, int] = kept["adapter_loads"]
+        self.adapter_unloads: dict[str, int] = kept["adapter_unloads"]
+        self.adapter_reasons: dict[str, str] = {}  # adapter -> why it is not loaded
         self.wake_seconds = Histogram(WAKE_BUCKETS)
         # Autoscaling (controlplane/autoscale.py): model -> its recommendation window, kept in
         # the store; and what the last decision said and was, for `gpuctl models` and /metrics.
@@ -172,6 +183,10 @@ class Fleet:
             spec = validate_spec(body)
         except SpecError as exc:
             raise BadRequest(exc.field, exc.message) from None
+        if spec.name in self.adapters:
+            raise BadRequest(
+                "name", f"an adapter is named {spec.name}: requests name one or the other"
+            )
         current = self.specs.get(spec.name)
         expected = body.get("generation") if isinstance(body, dict) else None
         if expected and current is not None and expected != current.generation:
@@ -205,6 +220,13 @@ class Fleet:
 
     def delete(self, name: str) -> ModelSpec:
         spec = self.spec(name)
+        riding = sorted(a.name for a in self.adapters.values() if a.base == name)
+        if riding:
+            raise Conflict(
+                f"adapters use model {name} as their base ({', '.join(riding[:5])}"
+                + (f" and {len(riding) - 5} more" if len(riding) > 5 else "")
+                + "): delete them first"
+            )
         self.store.delete_spec(name)
         del self.specs[name]
         self.reasons.pop(name, None)
@@ -255,6 +277,106 @@ class Fleet:
             return self.specs[name]
         except KeyError:
             raise NotFound(f"model {name} not found") from None
+
+    # adapters
+
+    def apply_adapter(self, body, dry_run: bool = False) -> tuple[Adapter, str]:
+        """Create or update an adapter; stored before the answer. Nothing restarts: its
+        holders load it again from a new source once the old one is unloaded."""
+        try:
+            adapter = validate_adapter(body, self.specs)
+        except SpecError as exc:
+            raise BadRequest(exc.field, exc.message) from None
+        current = self.adapters.get(adapter.name)
+        expected = body.get("generation") if isinstance(body, dict) else None
+        if expected and current is not None and expected != current.generation:
+            raise Conflict(
+                f"adapter {adapter.name} is at generation {current.generation}, the change was"
+                f" made against {expected}: read it again and re-apply"
+            )
+        if current is not None:
+            adapter.generation = current.generation
+            if adapter.to_dict() == current.to_dict():
+                return current, "unchanged"
+        adapter.generation = (current.generation if current else 0) + 1
+        outcome = "configured" if current else "created"
+        if dry_run:
+            return adapter, outcome
+        if current is not None and (current.source, current.base) != (adapter.source, adapter.base):
+            # Loaded from the old source, or on the old base: unloaded, then loaded anew.
+            for replica in self.replicas.values():
+                if adapter.name in replica.want_adapters:
+                    self.unload_adapter(replica, adapter.name, "its source or base changed")
+        for replica in self.replicas.values():
+            if adapter.name in replica.adapter_failures:  # applied again: worth a new try
+                replica.adapter_failures = {
+                    k: v for k, v in replica.adapter_failures.items() if k != adapter.name
+                }
+                self.store.put_replica(replica)
+        self.adapters[adapter.name] = adapter
+        self.flush_records()
+        self.changed = True
+        self.event(adapter.name, f"adapter {outcome} (generation {adapter.generation})")
+        return adapter, outcome
+
+    def adapter(self, name: str) -> Adapter:
+        try:
+            return self.adapters[name]
+        except KeyError:
+            raise NotFound(f"adapter {name} not found") from None
+
+    def delete_adapter(self, name: str) -> Adapter:
+        """Gone from the routes now; each holder unloads it once its routers have dropped it."""
+        adapter = self.adapter(name)
+        del self.adapters[name]
+        for replica in self.replicas.values():
+            if name in replica.want_adapters:
+                self.unload_adapter(replica, name, "adapter deleted")
+        for kept in (self.adapter_loads, self.adapter_unloads, self.demand_since,
+                     self.demanded_at):  # fmt: skip
+            kept.pop(name, None)
+        self.adapter_reasons.pop(name, None)
+        self.events.pop(name, None)
+        self.flush_records()
+        self.changed = True
+        return adapter
+
+    def load_adapter(self, replica: Replica, name: str) -> None:
+        replica.want_adapters = [*replica.want_adapters, name]
+        replica.adapter_failures = {k: v for k, v in replica.adapter_failures.items() if k != name}
+        self.store.put_replica(replica)
+        self.adapter_loads[name] = self.adapter_loads.get(name, 0) + 1
+        self.changed = True
+        self.event(name, f"loading on {replica.id}")
+
+    def unload_adapter(self, replica: Replica, name: str, why: str) -> None:
+        """The safe stop of an adapter on one replica: its route there goes now; the engine
+        unloads it once no router may route to it there (the reconciler's
+        `_unload_withdrawn`)."""
+        replica.want_adapters = [a for a in replica.want_adapters if a != name]
+        if name in replica.adapters and name not in replica.unloading:
+            replica.unloading = [*replica.unloading, name]
+        self.store.put_replica(replica)
+        self.adapter_unloads[name] = self.adapter_unloads.get(name, 0) + 1
+        self.changed = True
+        self.event(name, f"unloading from {replica.id}: {why}; route withdrawn")
+
+    def adapter_demand(self, name: str, waiting: int) -> Adapter:
+        adapter = self.adapter(name)
+        if waiting > 0:
+            now = self.wall()
+            self.demanded_at[name] = now
+            self.demand_since.setdefault(name, now)
+        return adapter
+
+    def wanted_adapters(self) -> dict[str, int]:
+        """adapter -> requests waiting for it, as `wanted` counts them for models."""
+        now = self.wall()
+        waiting = {m: n for m, n in self.idle.waiting(now).items() if m in self.adapters}
+        for name, at in self.demanded_at.items():
+            if name in self.adapters and now - at <= self.idle.live_window_s:
+                waiting[name] = max(waiting.get(name, 0), 1)
+        return {m: n for m, n in waiting.items() if n > 0}
 
     # nodes
 
@@ -329,6 +451,13 @@ class Fleet:
                     f"replicas.{replica_id}.state",
                     f"one of {', '.join(sorted(REPLICA_REPORT_STATES))}",
                 )
+            loaded, failed = report.get("adapters", []), report.get("adapter_failures", {})
+            if not isinstance(loaded, list) or not all(isinstance(a, str) for a in loaded):
+                raise BadRequest(f"replicas.{replica_id}.adapters", "a list of adapter names")
+            if not isinstance(failed, dict):
+                raise BadRequest(
+                    f"replicas.{replica_id}.adapter_failures", "a map of adapter name to reason"
+                )
         with self.store.batch():
             changed_node = False
             if gpus is not None:
@@ -360,9 +489,11 @@ class Fleet:
             return  # an agent's leftover: it is not assigned, the agent will stop it
         if replica.state in (ReplicaState.STOPPING, ReplicaState.FAILED):
             return
+        leader = replica.placement[0].node == node.name
+        if leader:
+            self._adapter_report(replica, report)
         if replica.state == ReplicaState.RETIRING and report["state"] not in ("Failed", "Stopped"):
             return  # Ready as far as its agent knows; retiring as far as the fleet goes
-        leader = replica.placement[0].node == node.name
         state = report["state"]
         if state not in ("Failed", "Stopped") and self._sleep_report(replica, state, leader):
             return
@@ -391,6 +522,32 @@ class Fleet:
             f"replica {replica.id} {replica.state}"
             + (f": {replica.reason}" if replica.reason else ""),
         )
+
+    def _adapter_report(self, replica: Replica, report: dict) -> None:
+        """What the engine holds, and why a load failed: stored when it changed."""
+        loaded = report.get("adapters")
+        failures = report.get("adapter_failures") or {}
+        if loaded is None:
+            return
+        loaded = sorted(str(a) for a in loaded)
+        # Kept here, not only by the agent: a failed load stays failed on this replica until
+        # the adapter is applied again, so that nothing retries it in a loop.
+        failures = {
+            **replica.adapter_failures,
+            **{str(k): str(v)[:300] for k, v in failures.items()},
+        }
+        if (loaded, failures) == (sorted(replica.adapters), replica.adapter_failures):
+            return
+        for name, why in failures.items():
+            if name not in replica.adapter_failures:
+                self.event(name, f"failed to load on {replica.id}: {why}")
+        gone = set(replica.adapters) - set(loaded)
+        replica.unloading = [a for a in replica.unloading if a not in gone]
+        # A failed load is not tried again there: the step leaves that replica out.
+        replica.want_adapters = [a for a in replica.want_adapters if a not in failures]
+        replica.adapters, replica.adapter_failures = loaded, failures
+        self.store.put_replica(replica)
+        self.changed = True
 
     def _sleep_report(self, replica: Replica, state: str, leader: bool) -> bool:
         """Take what an agent says of an engine's sleep; True when that is all there was to it
@@ -450,6 +607,16 @@ class Fleet:
                 out.append(
                     {
                         "sleep": replica.sleep,
+                        "adapters": [
+                            {"name": name, "source": self.adapters[name].source}
+                            for name in (*replica.want_adapters, *replica.unloading)
+                            if name in self.adapters
+                        ]
+                        + [
+                            {"name": name, "source": ""}
+                            for name in replica.unloading
+                            if name not in self.adapters
+                        ],  # fmt: skip
                         "engine": spec.engine,
                         "engine_endpoints": spec.engine_endpoints,
                         "gpu_memory_utilization": self._memory_share(spec, piece),
@@ -590,7 +757,12 @@ class Fleet:
         for model, at in self.demanded_at.items():
             if now - at <= self.idle.live_window_s:
                 waiting[model] = max(waiting.get(model, 0), 1)
-        return {m: n for m, n in waiting.items() if n > 0 and m in self.specs}
+        wanted = {m: n for m, n in waiting.items() if n > 0 and m in self.specs}
+        for name, n in self.wanted_adapters().items():
+            base = self.adapters[name].base
+            if not any(r.state == ReplicaState.READY for r in self.replicas_of(base)):
+                wanted[base] = wanted.get(base, 0) + n  # its base wakes, as for itself
+        return wanted
 
     def reserved_gpus(self, but_for: str | None = None) -> dict[tuple[str, int], str]:
         """GPU -> the model it is kept for (every reservation except `but_for`'s)."""
@@ -670,6 +842,9 @@ class Fleet:
                 "swaps": self.swap_totals,
                 "sleeps": self.sleep_totals,
                 "wakes": self.wake_totals,
+                "adapter": self.adapters,
+                "adapter_loads": self.adapter_loads,
+                "adapter_unloads": self.adapter_unloads,
             },
         )
 
@@ -710,6 +885,11 @@ class Fleet:
             swaps=list(self.swaps),
             now=now,
             route_version=route_version,
+            adapters=[replace(a) for a in self.adapters.values()],
+            adapter_reasons=dict(self.adapter_reasons),
+            adapter_idle=self.idle.idle_map(
+                [slot_id(r.id, a) for r in replicas for a in r.want_adapters], now
+            ),
         )
 
 

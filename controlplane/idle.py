@@ -175,6 +175,26 @@ def _seconds_map(body: dict, name: str) -> dict[str, float]:
     return value
 
 
+# An adapter's endpoint is `REPLICA@ADAPTER` (controlplane/adapters.py): its own slot in the
+# router, so its use is known per (replica, adapter).
+SLOT_SEP = "@"
+
+
+def fold_adapter_slots(report: Report) -> None:
+    """A use of, or a request on, a replica's adapter is a use of, or a request on, the
+    replica: what would stop or put the replica to sleep must see it."""
+    for key, seconds in list(report.used.items()):
+        replica, sep, _ = key.partition(SLOT_SEP)
+        if sep:
+            report.used[replica] = min(report.used.get(replica, seconds), seconds)
+    folded = dict(report.in_flight)
+    for key, count in report.in_flight.items():
+        replica, sep, _ = key.partition(SLOT_SEP)
+        if sep:
+            folded[replica] = folded.get(replica, 0) + count
+    report.in_flight = folded
+
+
 class IdleTracker:
     def __init__(self, live_window_s: float = 10.0, clock=time.time) -> None:
         self.live_window_s = live_window_s
@@ -196,6 +216,7 @@ class IdleTracker:
     def report(self, body) -> Report:
         """ActivitySink: take one router's report (raises ReportError when malformed)."""
         report = parse_report(body)
+        fold_adapter_slots(report)
         now = self.clock()
         for replica, seconds in report.used.items():
             at = now - seconds

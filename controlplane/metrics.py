@@ -168,6 +168,37 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
             ({"kind": "host"}, sleepers.get("host_memory_mb", 0) * 2**20),
         ],
     )
+    adapters = stats.get("adapters") or []  # only applied adapters get a label
+    out += family(
+        "gpufleet_adapter_loaded_replicas",
+        "gauge",
+        "Replicas that hold an adapter loaded, by adapter.",
+        (({"adapter": a["name"], "base": a["base"]}, a["loaded"]) for a in adapters),
+    )
+    out += family(
+        "gpufleet_adapter_loads_total",
+        "counter",
+        "Loads of an adapter the control plane decided, by adapter.",
+        (
+            ({"adapter": a["name"]}, stats.get("adapter_loads", {}).get(a["name"], 0))
+            for a in adapters
+        ),  # fmt: skip
+    )
+    out += family(
+        "gpufleet_adapter_unloads_total",
+        "counter",
+        "Unloads of an adapter the control plane decided, by adapter.",
+        (
+            ({"adapter": a["name"]}, stats.get("adapter_unloads", {}).get(a["name"], 0))
+            for a in adapters
+        ),  # fmt: skip
+    )
+    out += family(
+        "gpufleet_adapter_waiting_requests",
+        "gauge",
+        "Requests routers hold for an adapter no replica serves yet.",
+        (({"adapter": a["name"]}, a["waiting"]) for a in adapters),
+    )
     out += family(
         "gpufleet_models_waiting_for_room",
         "gauge",

@@ -188,6 +188,7 @@ class ModelSpec:
     gpu_memory_mb: int | None = None
     sleep_gpu_memory_mb: int | None = None
     sleep_host_memory_mb: int | None = None
+    max_adapters: int = 0  # LoRA adapters a replica holds at once (vLLM's --max-loras)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -264,6 +265,13 @@ class Replica:
     slept_at: float = 0.0  # wall clock: when its engine was told to sleep
     idle_at_sleep: float = 0.0  # seconds idle when it was put to sleep (a known lower bound)
     woken_at: float = 0.0  # wall clock: when its engine was last told to wake
+    # LoRA adapters (controlplane/adapters.py): what it should hold and serve; what it holds
+    # until every router has dropped its route; what its engine reports loaded; and why a
+    # load failed (not tried on it again).
+    want_adapters: list[str] = field(default_factory=list)
+    unloading: list[str] = field(default_factory=list)
+    adapters: list[str] = field(default_factory=list)
+    adapter_failures: dict[str, str] = field(default_factory=dict)
 
     @property
     def gpu_count(self) -> int:
@@ -290,6 +298,10 @@ class Replica:
             "slept_at": self.slept_at,
             "idle_at_sleep": self.idle_at_sleep,
             "woken_at": self.woken_at,
+            "want_adapters": list(self.want_adapters),
+            "unloading": list(self.unloading),
+            "adapters": list(self.adapters),
+            "adapter_failures": dict(self.adapter_failures),
         }
 
     def copy(self) -> Replica:
@@ -309,6 +321,10 @@ class Replica:
             self.slept_at,
             self.idle_at_sleep,
             self.woken_at,
+            list(self.want_adapters),
+            list(self.unloading),
+            list(self.adapters),
+            dict(self.adapter_failures),
         )
 
     @classmethod
@@ -367,6 +383,7 @@ SPEC_FIELDS = {
     "sleep_gpu_memory_mb",
     "sleep_host_memory",
     "sleep_host_memory_mb",
+    "max_adapters",
 }
 SLEEP_FIELDS = {"level", "after", "wake_timeout"}
 ENDPOINT_NAMES = ("sleep", "wake", "asleep")
@@ -632,5 +649,6 @@ def validate_spec(body) -> ModelSpec:
         max_replicas=max_replicas,
         target_in_flight=None if target is None else float(target),
         scale_down_delay_s=parse_duration(delay, "scale_down_delay"),
+        max_adapters=_positive_int(body, "max_adapters", 0, allow_zero=True),
         **_sleep_settings(body),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from controlplane.adapters import AdapterInputs, plan_adapters, slot_id
 from controlplane.autoscale import decide
 from controlplane.fleet import Fleet
 from controlplane.idle import IdleState
@@ -125,6 +126,8 @@ class Reconciler:
             self._stop_orphans()
             self._stop_retired()
             self._sleep_withdrawn()
+            self._place_adapters()
+            self._unload_withdrawn()
             fleet.flush_activity()
             fleet.flush_records()
         self.routes.publish(
@@ -651,6 +654,54 @@ class Reconciler:
                 f"{reason}: engine told to sleep (level {replica.sleep})",
             )
 
+    def _place_adapters(self) -> None:
+        """Adapters load where requests wait for them, and unload where they have gone unused
+        longest when their base's replicas are full (controlplane/adapters.py)."""
+        fleet = self.fleet
+        if not fleet.adapters and not any(r.want_adapters for r in fleet.replicas.values()):
+            return
+        now = fleet.wall()
+        slots = [slot_id(r.id, name) for r in fleet.replicas.values() for name in r.want_adapters]
+        plan = plan_adapters(
+            AdapterInputs(
+                adapters=dict(fleet.adapters),
+                specs=dict(fleet.specs),
+                replicas=list(fleet.replicas.values()),
+                waiting=fleet.wanted_adapters(),
+                idle=fleet.idle.idle_map(slots, now),
+                in_flight=fleet.idle.in_flight(now),
+            )
+        )
+        for name, replica, why in plan.unloads:
+            fleet.unload_adapter(replica, name, why)
+        for name, replica in plan.loads:
+            fleet.load_adapter(replica, name)
+        for name in fleet.adapters:
+            reason = plan.reasons.get(name, "")
+            if reason != fleet.adapter_reasons.get(name, ""):
+                if reason:
+                    fleet.adapter_reasons[name] = reason
+                    fleet.event(name, reason)
+                else:
+                    fleet.adapter_reasons.pop(name, None)
+
+    def _unload_withdrawn(self) -> None:
+        """An adapter withdrawn from a replica's routes is unloaded by its engine once no
+        router may route to it there or has a request on it (the safe stop, per adapter)."""
+        fleet = self.fleet
+        for replica in fleet.replicas.values():
+            if not replica.unloading:
+                continue
+            done = [
+                a for a in replica.unloading if not fleet.idle.still_held(slot_id(replica.id, a))
+            ]
+            if done:
+                replica.unloading = [a for a in replica.unloading if a not in done]
+                fleet.store.put_replica(replica)
+                fleet.changed = True
+                for name in done:
+                    fleet.event(name, f"unloaded from {replica.id}: no router holds it there")
+
     def _check_sleepers(self) -> None:
         """An engine that did not wake within its model's wake timeout is restarted cold (it
         fails, and the model places another); one that did not fall asleep is stopped."""
@@ -734,4 +785,12 @@ class Reconciler:
             )
             if routed and replica.url and replica.model in routes:
                 routes[replica.model].append({"id": replica.id, "url": replica.url})
+        for name in sorted(fleet.adapters):
+            routes[name] = []
+        for replica in sorted(fleet.replicas.values(), key=lambda r: r.id):
+            if replica.state != ReplicaState.READY or not replica.url:
+                continue
+            for name in replica.want_adapters:
+                if name in replica.adapters and name in routes:
+                    routes[name].append({"id": slot_id(replica.id, name), "url": replica.url})
         return routes

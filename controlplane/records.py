@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from controlplane.adapters import Adapter
 from controlplane.model import Slice
 
 
@@ -59,7 +60,19 @@ class Reservation:
 class ModelRecords:
     """The per-model state a leader acts on, as rows `KIND/MODEL` -> JSON."""
 
-    KINDS = ("reservation", "demand_since", "demanded_at", "woken_at", "swaps", "sleeps", "wakes")
+    KINDS = (
+        "reservation",
+        "demand_since",
+        "demanded_at",
+        "woken_at",
+        "swaps",
+        "sleeps",
+        "wakes",
+        "adapter",  # an operator's adapter object, kept here as one row each
+        "adapter_loads",
+        "adapter_unloads",
+    )
+    PARSERS = {"reservation": Reservation.from_dict, "adapter": lambda _, v: Adapter.from_dict(v)}
 
     def __init__(self, rows: dict[str, bytes]) -> None:
         self.stored = dict(rows)  # what the store holds, as last written
@@ -72,9 +85,8 @@ class ModelRecords:
             if kind not in found:
                 continue  # written by a newer gpufleet: not ours to read
             value = orjson.loads(body)
-            found[kind][model] = (
-                Reservation.from_dict(model, value) if kind == "reservation" else value
-            )
+            parse = self.PARSERS.get(kind)
+            found[kind][model] = parse(model, value) if parse else value
         return found
 
     def flush(self, store, current: dict[str, dict]) -> None:
@@ -83,7 +95,7 @@ class ModelRecords:
         rows = {}
         for kind, values in current.items():
             for model, value in values.items():
-                body = value.to_dict() if isinstance(value, Reservation) else value
+                body = value.to_dict() if hasattr(value, "to_dict") else value
                 rows[f"{kind}/{model}"] = orjson.dumps(body)
         with store.batch():
             for key, body in rows.items():

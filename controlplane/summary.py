@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from controlplane.adapters import slot_id
 from controlplane.fleet import FleetSnapshot
 from controlplane.idle import IdleState
 from controlplane.model import HOLDING, ReplicaState, Schedulable, gpu_faults
@@ -320,6 +321,65 @@ def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None, nodes: dic
     }
 
 
+def adapter_rows(snap: FleetSnapshot) -> list[dict]:
+    """Each adapter, where it is loaded (with its idle state per replica), and why not."""
+    where: dict[str, list[dict]] = defaultdict(list)
+    for r in sorted(snap.replicas, key=lambda r: r.id):
+        for name in r.want_adapters:
+            seconds, state = snap.adapter_idle.get(slot_id(r.id, name), (-1.0, IdleState.UNKNOWN))
+            where[name].append(
+                {
+                    "replica": r.id,
+                    "state": "Loaded" if name in r.adapters else "Loading",
+                    "idle_s": round(seconds, 1) if state != IdleState.UNKNOWN else -1,
+                    "idle_state": str(state),
+                }
+            )
+        for name in r.unloading:
+            where[name].append({"replica": r.id, "state": "Unloading", "idle_s": -1,
+                                "idle_state": str(IdleState.UNKNOWN)})  # fmt: skip
+        for name, why in r.adapter_failures.items():
+            where[name].append({"replica": r.id, "state": "Failed", "reason": why, "idle_s": -1,
+                                "idle_state": str(IdleState.UNKNOWN)})  # fmt: skip
+    rows = []
+    for adapter in sorted(snap.adapters, key=lambda a: a.name):
+        holders = where.get(adapter.name, [])
+        loaded = sum(h["state"] == "Loaded" for h in holders)
+        waiting = snap.waiting.get(adapter.name, 0)
+        unused = sum(
+            h["state"] == "Loaded" and h["idle_s"] >= adapter.idle_after_s for h in holders
+        )
+        if loaded:
+            state = "Loaded"
+        elif any(h["state"] == "Loading" for h in holders):
+            state = "Loading"
+        else:
+            state = "Waiting" if waiting else "NotLoaded"
+        rows.append(
+            {
+                **adapter.to_dict(),
+                "state": state,
+                "loaded": loaded,
+                "unused": unused,
+                "waiting": waiting,
+                "replicas": holders,
+                "reason": snap.adapter_reasons.get(adapter.name, ""),
+            }
+        )
+    return rows
+
+
+def _adapter_numbers(snap: FleetSnapshot) -> dict:
+    rows = adapter_rows(snap)
+    return {
+        "total": len(rows),
+        "loaded": sum(r["loaded"] > 0 for r in rows),
+        "loaded_replicas": sum(r["loaded"] for r in rows),
+        "unused": sum(r["unused"] for r in rows),
+        "waiting": {r["name"]: r["reason"] for r in rows if r["state"] == "Waiting"},
+    }
+
+
 def _sleep_numbers(snap: FleetSnapshot) -> dict:
     """Sleeping engines: how many, on how many cards, and the memory they keep."""
     specs = {s.name: s for s in snap.specs}
@@ -363,6 +423,7 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
         },
         "waiting": dict(snap.waiting),
         "asleep": _sleep_numbers(snap),
+        "adapters": _adapter_numbers(snap),
         "unplaceable": [
             {
                 "model": r["name"],

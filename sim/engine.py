@@ -6,6 +6,8 @@ It answers the paths vLLM and SGLang answer (`/v1/chat/completions`, `/v1/comple
 token rate and output length, and injects faults on demand: errors, hangs, streams cut in the
 middle, an unhealthy `/health`. Faults can be changed while it runs with `POST /sim/faults`.
 
+It loads and unloads LoRA adapters as vLLM does at run time (`POST /v1/load_lora_adapter`,
+`/v1/unload_lora_adapter`, up to `--max-loras`), answering 404 for an adapter it does not hold.
 It sleeps as vLLM's sleep mode does (`POST /sleep?level=1|2`, `POST /wake_up`,
 `GET /is_sleeping`), taking `--sleep-delay` and `--wake-delay` to do so, and says what GPU
 memory it holds awake and asleep at `GET /sim/memory`.
@@ -14,6 +16,7 @@ memory it holds awake and asleep at `GET /sim/memory`.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 import time
@@ -59,6 +62,8 @@ class EngineSettings:
     wake_s: float = 0.0  # how long waking takes
     gpu_memory_mb: int = 0  # held awake (MiB a GPU), as shown at /sim/memory
     sleep_gpu_memory_mb: int = 0  # held asleep
+    max_loras: int = 0  # adapters loaded at once (vLLM's --max-loras); 0: no adapter API
+    adapter_load_s: float = 0.0  # how long loading one takes
 
     def serves(self, name) -> bool:
         return name in self.models or name in self.adapters
@@ -73,6 +78,7 @@ class SimEngine:
         self.started = time.time()
         self.responses: dict[str, dict] = {}  # stored on this replica only, as vLLM does
         self.cache = PrefixCache(settings.cache_tokens)
+        self.static_adapters = tuple(settings.adapters)  # from --adapter: never unloaded
         self.sleep_level = 0  # the level it sleeps (or falls asleep) at; 0: awake or waking
         self.settled_at = 0.0  # when the last sleep or wake is done
 
@@ -96,6 +102,8 @@ class SimEngine:
         ("POST", "/wake_up", "wake_up"),
         ("GET", "/is_sleeping", "is_sleeping"),
         ("GET", "/sim/memory", "memory"),
+        ("POST", "/v1/load_lora_adapter", "load_adapter"),
+        ("POST", "/v1/unload_lora_adapter", "unload_adapter"),
     )
 
     def app(self) -> web.Application:
@@ -332,6 +340,47 @@ class SimEngine:
     def loading(self) -> bool:
         return time.time() - self.started < self.settings.startup_s
 
+    # LoRA adapters loaded at run time, as vLLM's (--enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+
+    async def load_adapter(self, request: web.Request) -> web.Response:
+        body = await self._adapter_body(request, "lora_path")
+        name, path = body["lora_name"], body["lora_path"]
+        self.check_adapter(name, path)
+        if self.settings.adapter_load_s:
+            await asyncio.sleep(self.settings.adapter_load_s)
+        self.check_adapter(name, path)
+        self.settings.adapters.append(name)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    def check_adapter(self, name: str, path: str) -> None:
+        """Raise the error vLLM answers for an adapter it cannot load now."""
+        if name in self.settings.adapters:
+            raise _error(400, f"The lora adapter '{name}' has already been loaded.")
+        if len(self.settings.adapters) >= self.settings.max_loras:
+            raise _error(400, f"already {self.settings.max_loras} adapters loaded (max_loras)")
+        if path.startswith("/") and not os.path.exists(path):
+            raise _error(404, f"No adapter found at {path}", code="adapter_not_found")
+
+    async def unload_adapter(self, request: web.Request) -> web.Response:
+        body = await self._adapter_body(request)
+        name = body["lora_name"]
+        if name not in self.settings.adapters:
+            raise _error(404, f"The lora adapter '{name}' cannot be found.", code="not_found")
+        self.settings.adapters.remove(name)
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def _adapter_body(self, request: web.Request, *needed: str) -> dict:
+        if not self.settings.max_loras:
+            raise _error(404, "this engine was started without adapters (--max-loras)")
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise _error(400, f"invalid JSON body: {exc}") from None
+        for key in ("lora_name", *needed):
+            if not isinstance(body, dict) or not isinstance(body.get(key), str) or not body[key]:
+                raise _error(400, f"{key}: required, a string")
+        return body
+
     # Sleep mode, as vLLM's: the process stays, its weights and KV cache leave the GPU.
 
     def begin_sleep(self, level: int) -> float:
@@ -495,6 +544,10 @@ class _HTTPError(Exception):
         super().__init__(payload["error"]["message"])
         self.status = status
         self.payload = payload
+
+
+# What check_adapter raises, for an agent that serves engines in process.
+AdapterRefused = _HTTPError
 
 
 @web.middleware

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from controlplane.agent.supervisor import Reconciles, expand
-from sim.engine import MAX_BODY, EngineSettings, SimEngine, errors_as_json
+from sim.engine import MAX_BODY, AdapterRefused, EngineSettings, SimEngine, errors_as_json
 
 log = logging.getLogger("gpufleet.agent")
 PREFIX = "/replicas/{replica}"
@@ -89,6 +89,8 @@ class InProcess:
     sleep: int = 0  # the level the control plane wants it asleep at (0: awake)
     engine_kind: str | None = None
     engine_endpoints: dict | None = None
+    adapters_wanted: dict | None = None
+    adapter_failures: dict | None = None
 
 
 class InProcessSupervisor(Reconciles):
@@ -159,6 +161,25 @@ class InProcessSupervisor(Reconciles):
                 record.state, record.reason = "Unhealthy", "/health is failing"
             else:
                 record.state, record.reason = "Ready", ""
+                self._sync_adapters(record, engine)
+
+    @staticmethod
+    def _sync_adapters(record: InProcess, engine: SimEngine) -> None:
+        """What the agent's calls to /v1/(un)load_lora_adapter would do, done in place."""
+        wanted = record.adapters_wanted or {}
+        failures = record.adapter_failures or {}
+        for name in [a for a in engine.settings.adapters if a not in wanted]:
+            if name not in engine.static_adapters:
+                engine.settings.adapters.remove(name)
+        for name, source in wanted.items():
+            if name in engine.settings.adapters or name in failures:
+                continue
+            try:
+                engine.check_adapter(name, source)
+            except AdapterRefused as exc:
+                record.adapter_failures = {**failures, name: f"HTTP {exc.status}: {exc}"}
+                continue
+            engine.settings.adapters.append(name)
 
     @staticmethod
     def _sleep_or_wake(record: InProcess, engine: SimEngine) -> str:
@@ -178,7 +199,19 @@ class InProcessSupervisor(Reconciles):
         out: dict[str, dict] = {}
         for replica, record in self.running.items():
             url = self.host.url_of(self.address, replica) if record.rank == 0 else ""
-            out[replica] = {"state": record.state, "reason": record.reason, "url": url}
+            engine = record.engine
+            held = (
+                [a for a in engine.settings.adapters if a not in engine.static_adapters]
+                if engine is not None
+                else []
+            )
+            out[replica] = {
+                "state": record.state,
+                "reason": record.reason,
+                "url": url,
+                "adapters": held,
+                "adapter_failures": dict(record.adapter_failures or {}),
+            }
         for replica, record in self.failed.items():
             out[replica] = {
                 "state": "Failed",

@@ -12,6 +12,7 @@ vLLM and SGLang answer a sleep or wake call once it is done, so the answer is th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import aiohttp
@@ -76,3 +77,43 @@ async def sleeping(session: aiohttp.ClientSession, base_url: str, control: Contr
         return None
     value = body.get(control.asleep_key) if isinstance(body, dict) else None
     return value if isinstance(value, bool) else None
+
+
+# Runtime LoRA adapters: vLLM (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and SGLang take the same
+# bodies at these paths; an engine of no known kind is asked as vLLM is.
+ADAPTER_PATHS = {
+    "sglang": ("/load_lora_adapter", "/unload_lora_adapter"),
+}
+VLLM_ADAPTER_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+
+
+async def load_adapter(
+    session: aiohttp.ClientSession, base_url: str, engine: str | None, name: str, source: str
+) -> str:
+    """ "" once the engine holds adapter `name` from `source`, else the engine's reason."""
+    path = ADAPTER_PATHS.get(engine or "", VLLM_ADAPTER_PATHS)[0]
+    return await _adapter_call(session, base_url + path, {"lora_name": name, "lora_path": source})
+
+
+async def unload_adapter(
+    session: aiohttp.ClientSession, base_url: str, engine: str | None, name: str
+) -> str:
+    path = ADAPTER_PATHS.get(engine or "", VLLM_ADAPTER_PATHS)[1]
+    return await _adapter_call(session, base_url + path, {"lora_name": name})
+
+
+async def _adapter_call(session: aiohttp.ClientSession, url: str, body: dict) -> str:
+    try:
+        async with session.post(
+            url, json=body, timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
+        ) as resp:
+            if resp.status < 300:
+                return ""
+            text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return f"{exc or type(exc).__name__}"
+    try:  # OpenAI-shaped errors carry the engine's own words
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = text
+    return f"HTTP {resp.status}: {message[:200]}"

@@ -24,7 +24,13 @@ from pathlib import Path
 
 import aiohttp
 
-from controlplane.agent.engines import control_of, order, sleeping
+from controlplane.agent.engines import (
+    control_of,
+    load_adapter,
+    order,
+    sleeping,
+    unload_adapter,
+)
 from controlplane.agent.envfrom import EnvFromError
 from controlplane.agent.envfrom import resolve as resolve_env_from
 
@@ -51,6 +57,9 @@ class Running:
     sleep: int = 0  # the level the control plane wants it asleep at (0: awake)
     engine_kind: str | None = None
     engine_endpoints: dict | None = None
+    adapters_wanted: dict | None = None  # adapter -> source, as the assignment says
+    adapters: list | None = None  # what the engine holds
+    adapter_failures: dict | None = None  # adapter -> why its load failed
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -161,6 +170,9 @@ class Reconciles:
             run.sleep = int(assignment.get("sleep") or 0)
             run.engine_kind = assignment.get("engine")
             run.engine_endpoints = assignment.get("engine_endpoints") or {}
+            run.adapters_wanted = {a["name"]: a["source"] for a in assignment.get("adapters", [])}
+            failures = run.adapter_failures or {}
+            run.adapter_failures = {k: v for k, v in failures.items() if k in run.adapters_wanted}
         for replica, assignment in wanted.items():
             if (
                 replica not in self.running
@@ -371,6 +383,8 @@ class Supervisor(Reconciles):
             leaders.append(run)
         for run in leaders:
             self._sleep_or_wake(session, run)
+            if run.state == "Ready":
+                self._sync_adapters(session, run)
         # An engine asleep by order is not probed (its health may fail while it sleeps); one
         # that sleeps by itself is, to see it wake.
         awake = [
@@ -416,6 +430,39 @@ class Supervisor(Reconciles):
 
         self.orders[run.replica] = asyncio.ensure_future(carry_out())
 
+    def _sync_adapters(self, session: aiohttp.ClientSession, run: Running) -> None:
+        """Unload what the engine holds and is no longer assigned, then load what is assigned
+        and not held (never again one that failed: the control plane decides what next), in
+        the background, one replica's calls in order."""
+        wanted = run.adapters_wanted or {}
+        held = list(run.adapters or [])
+        failures = run.adapter_failures or {}
+        unload = [a for a in held if a not in wanted]
+        load = [a for a in wanted if a not in held and a not in failures]
+        key = run.replica + "/adapters"
+        if not (unload or load) or key in self.orders:
+            return
+        base = f"http://127.0.0.1:{run.port}"
+
+        async def carry_out() -> None:
+            try:
+                for name in unload:
+                    failed = await unload_adapter(session, base, run.engine_kind, name)
+                    if not failed or "cannot be found" in failed:
+                        run.adapters = [a for a in (run.adapters or []) if a != name]
+                for name in load:
+                    failed = await load_adapter(session, base, run.engine_kind, name, wanted[name])
+                    if failed:
+                        run.adapter_failures = {**(run.adapter_failures or {}), name: failed}
+                        log.warning("%s: adapter %s: %s", run.replica, name, failed)
+                    else:
+                        run.adapters = [*(run.adapters or []), name]
+            finally:
+                self.orders.pop(key, None)
+            self.news.set()
+
+        self.orders[key] = asyncio.ensure_future(carry_out())
+
     async def _probe(self, session: aiohttp.ClientSession, run: Running) -> None:
         url = f"http://127.0.0.1:{run.port}{run.health_path}"
         try:
@@ -444,6 +491,8 @@ class Supervisor(Reconciles):
                 "state": run.state,
                 "reason": run.reason,
                 "url": f"http://{self.address}:{run.port}" if run.rank == 0 else "",
+                "adapters": list(run.adapters or []),
+                "adapter_failures": dict(run.adapter_failures or {}),
             }
         for replica, run in self.failed.items():
             out[replica] = {
