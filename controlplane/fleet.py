@@ -355,7 +355,7 @@ class Fleet:
         `_unload_withdrawn`)."""
         replica.want_adapters = [a for a in replica.want_adapters if a != name]
         if name in replica.adapters and name not in replica.unloading:
-            replica.unloading = [*replica.unloading, name]
+            replica.unloading = {**replica.unloading, name: 0}  # stamped once published
         self.store.put_replica(replica)
         self.adapter_unloads[name] = self.adapter_unloads.get(name, 0) + 1
         self.changed = True
@@ -542,7 +542,7 @@ class Fleet:
             if name not in replica.adapter_failures:
                 self.event(name, f"failed to load on {replica.id}: {why}")
         gone = set(replica.adapters) - set(loaded)
-        replica.unloading = [a for a in replica.unloading if a not in gone]
+        replica.unloading = {a: v for a, v in replica.unloading.items() if a not in gone}
         # A failed load is not tried again there: the step leaves that replica out.
         replica.want_adapters = [a for a in replica.want_adapters if a not in failures]
         replica.adapters, replica.adapter_failures = loaded, failures
@@ -799,6 +799,8 @@ class Fleet:
             self.event(model, "every replica placed")
 
     def set_replica_state(self, replica: Replica, state: ReplicaState, reason: str = "") -> None:
+        if state == ReplicaState.READY:
+            replica.withdrawn_version = 0  # routed again: a later withdrawal is stamped anew
         replica.state = state
         replica.reason = reason
         replica.updated_at = self.wall()

@@ -344,9 +344,11 @@ class IdleTracker:
             )
         return rows
 
-    def still_held(self, replica: str) -> str:
+    def still_held(self, replica: str, withdrawn_in: int | None = None) -> str:
         """Why `replica` cannot be stopped yet ("" when no router holds it): a router that
-        may route to it or has requests on it. Its route must be withdrawn first."""
+        may route to it or has requests on it. Its route must be withdrawn first.
+        `withdrawn_in`: the first route version without it; a live router that has not reported
+        a table that new may have taken, after its last report, one with the route."""
         now = self.clock()
         for router in self.routers.values():
             state = router.state(now, self.live_window_s)
@@ -358,6 +360,12 @@ class IdleTracker:
                 return f"router {router.id} has not dropped its route yet"
             if router.in_flight.get(replica):
                 return f"router {router.id} has {router.in_flight[replica]} request(s) on it"
+            if (
+                withdrawn_in is not None
+                and state is RouterState.LIVE
+                and router.route_version < withdrawn_in
+            ):
+                return f"router {router.id} has not acknowledged route version {withdrawn_in} yet"
         return ""
 
     def waiting(self, now: float | None = None) -> dict[str, int]:

@@ -269,7 +269,8 @@ class Replica:
     # until every router has dropped its route; what its engine reports loaded; and why a
     # load failed (not tried on it again).
     want_adapters: list[str] = field(default_factory=list)
-    unloading: list[str] = field(default_factory=list)
+    unloading: dict[str, int] = field(default_factory=dict)  # -> first route version without
+    withdrawn_version: int = 0  # Retiring or going to sleep: the first route version without it
     adapters: list[str] = field(default_factory=list)
     adapter_failures: dict[str, str] = field(default_factory=dict)
 
@@ -299,7 +300,8 @@ class Replica:
             "idle_at_sleep": self.idle_at_sleep,
             "woken_at": self.woken_at,
             "want_adapters": list(self.want_adapters),
-            "unloading": list(self.unloading),
+            "unloading": dict(self.unloading),
+            "withdrawn_version": self.withdrawn_version,
             "adapters": list(self.adapters),
             "adapter_failures": dict(self.adapter_failures),
         }
@@ -322,7 +324,8 @@ class Replica:
             self.idle_at_sleep,
             self.woken_at,
             list(self.want_adapters),
-            list(self.unloading),
+            dict(self.unloading),
+            self.withdrawn_version,
             list(self.adapters),
             dict(self.adapter_failures),
         )

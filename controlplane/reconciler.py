@@ -130,12 +130,45 @@ class Reconciler:
             self._unload_withdrawn()
             fleet.flush_activity()
             fleet.flush_records()
-        self.routes.publish(
-            self._routing_table(),
-            {s.name: s.affinity for s in fleet.specs.values() if s.affinity is not None},
-        )
+        self.routes.publish(self._routing_table(), self._affinity())
+        self._stamp_withdrawals()
         # What this tick changed it has acted on; only news from outside wakes it again.
         fleet.changed = False
+
+    def _affinity(self) -> dict[str, str]:
+        """Each model's affinity, where its spec sets one; an adapter's is its base's."""
+        fleet = self.fleet
+        out = {s.name: s.affinity for s in fleet.specs.values() if s.affinity is not None}
+        for adapter in fleet.adapters.values():
+            if adapter.base in out:
+                out[adapter.name] = out[adapter.base]
+        return out
+
+    def _acked_from(self, stamp: int) -> int:
+        """The route version a router must hold for a withdrawal stamped `stamp`: 0, not yet
+        published, is the next table's. Never above the table now published, which is without
+        the route too: a stamp made by a leader whose clock ran ahead must not wait for ever."""
+        return min(stamp, self.routes.version) if stamp else self.routes.version + 1
+
+    def _stamp_withdrawals(self) -> None:
+        """Routes withdrawn in this tick are gone from the table just published: its version
+        is what every live router must have acknowledged before a stop, a sleep or an unload."""
+        fleet = self.fleet
+        version = self.routes.version
+        with fleet.store.batch():
+            for replica in fleet.replicas.values():
+                withdrawing = replica.state == ReplicaState.RETIRING or (
+                    replica.state == ReplicaState.SLEEPING and not replica.sleep
+                )
+                stamp = withdrawing and not replica.withdrawn_version
+                fresh = [a for a, v in replica.unloading.items() if not v]
+                if not (stamp or fresh):
+                    continue
+                if stamp:
+                    replica.withdrawn_version = version
+                if fresh:
+                    replica.unloading = {**replica.unloading, **dict.fromkeys(fresh, version)}
+                fleet.store.put_replica(replica)
 
     def _placer(self, also_held=frozenset()) -> Placer:
         """Placement over the fleet as it stands: cards held awake or kept for a waiting
@@ -637,7 +670,7 @@ class Reconciler:
             if replica.state != ReplicaState.SLEEPING or replica.sleep:
                 continue
             spec = fleet.specs.get(replica.model)
-            held = fleet.idle.still_held(replica.id)
+            held = fleet.idle.still_held(replica.id, self._acked_from(replica.withdrawn_version))
             reason = replica.reason.split("; waiting: ")[0]
             if held:
                 if not replica.reason.endswith(held):
@@ -693,10 +726,12 @@ class Reconciler:
             if not replica.unloading:
                 continue
             done = [
-                a for a in replica.unloading if not fleet.idle.still_held(slot_id(replica.id, a))
+                a
+                for a, version in replica.unloading.items()
+                if not fleet.idle.still_held(slot_id(replica.id, a), self._acked_from(version))
             ]
             if done:
-                replica.unloading = [a for a in replica.unloading if a not in done]
+                replica.unloading = {a: v for a, v in replica.unloading.items() if a not in done}
                 fleet.store.put_replica(replica)
                 fleet.changed = True
                 for name in done:
@@ -753,7 +788,7 @@ class Reconciler:
         for replica in list(fleet.replicas.values()):
             if replica.state != ReplicaState.RETIRING:
                 continue
-            held = fleet.idle.still_held(replica.id)
+            held = fleet.idle.still_held(replica.id, self._acked_from(replica.withdrawn_version))
             if not held:
                 reason = replica.reason.split("; waiting: ")[0].removesuffix("; route withdrawn")
                 fleet.set_replica_state(

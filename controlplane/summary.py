@@ -335,7 +335,7 @@ def adapter_rows(snap: FleetSnapshot) -> list[dict]:
                     "idle_state": str(state),
                 }
             )
-        for name in r.unloading:
+        for name in r.unloading:  # a dict: adapter -> route version
             where[name].append({"replica": r.id, "state": "Unloading", "idle_s": -1,
                                 "idle_state": str(IdleState.UNKNOWN)})  # fmt: skip
         for name, why in r.adapter_failures.items():

@@ -10,11 +10,15 @@ from tests.controlplane.conftest import make_node, spec
 from tests.controlplane.test_reconciler import ready_all
 
 
-def report(replicas, used=None, router="edge", incarnation="i1", in_flight=None):
+NEWEST = 2**62  # a router that holds the newest table: every withdrawal so far acknowledged
+
+
+def report(replicas, used=None, router="edge", incarnation="i1", in_flight=None, version=NEWEST):
     return {
         "router": router,
         "incarnation": incarnation,
         "uptime_s": 1000,
+        "route_version": version,
         "used": used or {},
         "watched": {r: 1000 for r in replicas},
         "in_flight": in_flight or {},
@@ -55,6 +59,11 @@ def test_idle_replicas_retire_then_stop_once_routers_let_go(sleepy):
     fleet.idle.report(report([a], in_flight={b: 1}))  # dropped it, but a stream is still on it
     reconciler.tick()
     assert "1 request(s) on it" in fleet.replicas[b].reason
+    fleet.idle.report(report([a], version=reconciler.routes.version - 1))
+    reconciler.tick()
+    assert "router edge has not acknowledged route version" in fleet.replicas[b].reason, (
+        "its table may be older than the withdrawal: a newer one may have the route"
+    )
     fleet.idle.report(report([a]))
     reconciler.tick()
     assert fleet.replicas[b].state == ReplicaState.STOPPING

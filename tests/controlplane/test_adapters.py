@@ -1,0 +1,275 @@
+"""LoRA adapters, tick by tick: loaded where requests wait for them, routed only to replicas that
+hold them, unloaded through the safe stop when their base's replicas are full, never while in
+use or of unknown use; a failed load is shown and not retried; bad input changes nothing."""
+
+import pytest
+
+from controlplane.adapters import slot_id
+from controlplane.fleet import BadRequest, Conflict
+from controlplane.model import ReplicaState
+from tests.controlplane.conftest import make_node, spec
+
+
+def base(**kw):
+    return spec(name="llama", replicas=2, max_adapters=2, **kw)
+
+
+def adapter(name, **kw):
+    return {"kind": "adapter", "name": name, "base": "llama", "source": f"/loras/{name}", **kw}
+
+
+class Router:
+    def __init__(self, fleet, reconciler, name="edge"):
+        self.fleet, self.reconciler, self.name = fleet, reconciler, name
+        self.since = {}
+
+    def report(self, used=None, waiting=None, in_flight=None):
+        now = self.fleet.wall()
+        ids = [e["id"] for eps in self.reconciler.routes.routes.values() for e in eps]
+        self.since = {i: self.since.get(i, now) for i in ids}
+        self.fleet.idle.report(
+            {
+                "router": self.name,
+                "incarnation": "i1",
+                "uptime_s": 1000,
+                "route_version": self.reconciler.routes.version,
+                "used": used or {},
+                "watched": {i: now - self.since[i] for i in ids},
+                "in_flight": in_flight or {},
+                "waiting": waiting or {},
+            }
+        )
+
+
+def engines_obey(fleet, failing=()):
+    """The node's engines hold exactly the adapters assigned, but those in `failing`."""
+    reports = {}
+    for i, a in enumerate(fleet.assignments("n1")):
+        names = [x["name"] for x in a["adapters"]]
+        reports[a["replica"]] = {
+            "state": "Ready",
+            "url": f"http://127.0.0.1:{9000 + i}",
+            "adapters": [n for n in names if n not in failing],
+            "adapter_failures": {n: "HTTP 404: No adapter found" for n in names if n in failing},
+        }
+    fleet.heartbeat("n1", {"replicas": reports})
+
+
+@pytest.fixture
+def served(make_fleet, clock):
+    """llama on two replicas (2 adapters each), Ready, with a router watching them."""
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1", gpus=2))
+    fleet.apply(base())
+    reconciler.tick()
+    engines_obey(fleet)
+    reconciler.tick()
+    router = Router(fleet, reconciler)
+    router.report()
+    return fleet, reconciler, router
+
+
+def holders(fleet, name):
+    return sorted(r.id for r in fleet.replicas.values() if name in r.want_adapters)
+
+
+def test_an_adapter_is_loaded_where_requests_wait_and_routed_only_there(served):
+    fleet, reconciler, router = served
+    fleet.apply_adapter(adapter("sql"))
+    reconciler.tick()
+    assert holders(fleet, "sql") == [], "nothing asked for it: nothing loaded"
+    assert reconciler.routes.routes["sql"] == [], "known: its requests wait, not 404"
+    router.report(waiting={"sql": 3})
+    reconciler.tick()
+    (holder,) = holders(fleet, "sql")
+    assert reconciler.routes.routes["sql"] == [], "routed once its engine holds it"
+    engines_obey(fleet)
+    reconciler.tick()
+    url = fleet.replicas[holder].url
+    assert reconciler.routes.routes["sql"] == [{"id": slot_id(holder, "sql"), "url": url}]
+    assert fleet.adapter_loads == {"sql": 1}
+
+
+def test_the_least_loaded_replica_takes_the_next_adapter(served):
+    fleet, reconciler, router = served
+    for name in ("a1", "a2"):
+        fleet.apply_adapter(adapter(name))
+    router.report(waiting={"a1": 1, "a2": 1})
+    reconciler.tick()
+    assert holders(fleet, "a1") != holders(fleet, "a2"), "one on each replica"
+
+
+def full(served, clock):
+    """Both replicas hold two adapters each, all of them loaded and idle."""
+    fleet, reconciler, router = served
+    names = ["a1", "a2", "a3", "a4"]
+    for name in names:
+        fleet.apply_adapter(adapter(name, idle_after="1m"))
+    router.report(waiting={n: 1 for n in names})
+    reconciler.tick()
+    engines_obey(fleet)
+    reconciler.tick()
+    router.report()
+    return names
+
+
+def tick_for(fleet, reconciler, router, clock, seconds, **report):
+    clock.advance(seconds)
+    fleet.heartbeat("n1", {})
+    engines_obey(fleet)
+    router.report(**report)
+    reconciler.tick()
+
+
+def test_when_full_the_adapter_idle_longest_past_idle_after_is_unloaded_safely(served, clock):
+    fleet, reconciler, router = served
+    full(served, clock)
+    fleet.apply_adapter(adapter("new"))
+    slot = slot_id(holders(fleet, "a1")[0], "a1")
+    tick_for(fleet, reconciler, router, clock, 30, used={slot: 0.0}, waiting={"new": 1})
+    assert fleet.adapter_reasons["new"].startswith("every replica of llama holds 2 adapters")
+    assert "idle 30s of its 1m" in fleet.adapter_reasons["new"]
+    tick_for(fleet, reconciler, router, clock, 40, waiting={"new": 1})
+    (victim,) = [n for n in ("a2", "a3", "a4") if not holders(fleet, n)]
+    assert holders(fleet, "a1"), "used 40 s ago: kept"
+    victim_replica = next(r for r in fleet.replicas.values() if victim in r.unloading)
+    assert victim in [a["name"] for a in fleet.assignments("n1")[0]["adapters"]] + [
+        a["name"] for a in fleet.assignments("n1")[1]["adapters"]
+    ], "the engine keeps it until the router has dropped its route"
+    assert slot_id(victim_replica.id, victim) not in [
+        e["id"] for e in reconciler.routes.routes[victim]
+    ]
+    tick_for(fleet, reconciler, router, clock, 1, waiting={"new": 1})
+    assert victim not in victim_replica.unloading, "acked: the engine unloads it"
+    tick_for(fleet, reconciler, router, clock, 1, waiting={"new": 1})
+    assert holders(fleet, "new") == [victim_replica.id], "loaded where room was made"
+    assert fleet.adapter_unloads[victim] == 1
+
+
+def test_an_adapter_in_use_or_of_unknown_use_is_never_unloaded(served, clock):
+    fleet, reconciler, router = served
+    full(served, clock)
+    fleet.apply_adapter(adapter("new"))
+    in_flight = {slot_id(holders(fleet, n)[0], n): 1 for n in ("a1", "a2", "a3")}
+    silent = Router(fleet, reconciler, name="cut")
+    silent.report()  # it has every slot in its table, then falls silent
+    for _ in range(8):
+        tick_for(fleet, reconciler, router, clock, 30, in_flight=in_flight, waiting={"new": 1})
+    assert all(holders(fleet, n) for n in ("a1", "a2", "a3", "a4"))
+    assert "use unknown" in fleet.adapter_reasons["new"]
+
+
+def test_a_failed_load_is_shown_and_not_tried_again_there(served, clock):
+    fleet, reconciler, router = served
+    fleet.apply_adapter(adapter("broken"))
+    router.report(waiting={"broken": 1})
+    reconciler.tick()
+    first = holders(fleet, "broken")
+    engines_obey(fleet, failing={"broken"})
+    assert holders(fleet, "broken") == []
+    tick_for(fleet, reconciler, router, clock, 1, waiting={"broken": 1})
+    second = holders(fleet, "broken")
+    assert second and second != first, "tried on the other replica, not again on the first"
+    engines_obey(fleet, failing={"broken"})
+    for _ in range(3):
+        tick_for(fleet, reconciler, router, clock, 1, waiting={"broken": 1})
+    assert holders(fleet, "broken") == []
+    assert fleet.adapter_loads["broken"] == 2, "no load in a loop"
+    assert fleet.adapter_reasons["broken"].startswith("failed to load:")
+    assert "No adapter found" in fleet.adapter_reasons["broken"]
+    fleet.apply_adapter(adapter("broken", source="/loras/fixed"))
+    tick_for(fleet, reconciler, router, clock, 1, waiting={"broken": 1})
+    assert holders(fleet, "broken"), "applied again: tried again"
+
+
+def test_a_deleted_adapter_is_unloaded_everywhere_through_the_safe_stop(served, clock):
+    fleet, reconciler, router = served
+    fleet.apply_adapter(adapter("sql"))
+    router.report(waiting={"sql": 1})
+    reconciler.tick()
+    engines_obey(fleet)
+    reconciler.tick()
+    (holder,) = holders(fleet, "sql")
+    fleet.delete_adapter("sql")
+    reconciler.tick()
+    assert "sql" not in reconciler.routes.routes
+    assert list(fleet.replicas[holder].unloading) == ["sql"], "until the router acknowledges"
+    assert "sql" in [a["name"] for a in fleet.assignments("n1")[0]["adapters"]] + [
+        a["name"] for a in fleet.assignments("n1")[1]["adapters"]
+    ]
+    tick_for(fleet, reconciler, router, clock, 1)
+    assert fleet.replicas[holder].unloading == {}
+    engines_obey(fleet)
+    assert fleet.replicas[holder].adapters == []
+
+
+def test_a_use_of_an_adapter_is_a_use_of_its_replica(served, clock):
+    fleet, reconciler, router = served
+    fleet.apply_adapter(adapter("sql"))
+    router.report(waiting={"sql": 1})
+    reconciler.tick()
+    engines_obey(fleet)
+    reconciler.tick()
+    (holder,) = holders(fleet, "sql")
+    tick_for(fleet, reconciler, router, clock, 5, in_flight={slot_id(holder, "sql"): 2})
+    assert fleet.idle.in_flight()[holder] == 2, "nothing stops or sleeps a replica in use"
+    tick_for(fleet, reconciler, router, clock, 5, used={slot_id(holder, "sql"): 1.0})
+    seconds, state = fleet.idle.idle_for(holder)
+    assert str(state) == "exact" and seconds <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        (adapter("x", base="nope"), "base", "no model 'nope'"),
+        (adapter("llama"), "name", "a model is named llama"),
+        (adapter("x", source=""), "source", "required"),
+        (adapter("x", priority="high"), "priority", "integer"),
+        (adapter("x", idle_after="soon"), "idle_after", "duration"),
+        (adapter("x", min_loaded=-1), "min_loaded", "non-negative"),
+        (adapter("x", shape="round"), "shape", "unknown field"),
+        (adapter("Bad Name"), "name", "lower-case"),
+    ],
+)
+def test_bad_adapters_are_refused_and_nothing_changes(served, body, field, message):
+    fleet, _, _ = served
+    fleet.apply_adapter(adapter("kept"))
+    before = {n: a.to_dict() for n, a in fleet.adapters.items()}
+    with pytest.raises(BadRequest) as refused:
+        fleet.apply_adapter(body)
+    assert refused.value.field == field and message in refused.value.message
+    assert {n: a.to_dict() for n, a in fleet.adapters.items()} == before
+
+
+def test_a_base_without_max_adapters_takes_none_and_names_stay_apart(make_fleet):
+    fleet, _ = make_fleet()
+    fleet.apply(spec(name="plain"))
+    with pytest.raises(BadRequest, match="holds no adapters: give it max_adapters"):
+        fleet.apply_adapter({**adapter("x"), "base": "plain"})
+    fleet.apply(base())
+    fleet.apply_adapter(adapter("sql"))
+    with pytest.raises(BadRequest, match="an adapter is named sql"):
+        fleet.apply(spec(name="sql"))
+    with pytest.raises(Conflict, match="adapters use model llama as their base"):
+        fleet.delete("llama")
+
+
+def test_adapters_survive_a_restart(make_fleet, served):
+    fleet, _, _ = served
+    fleet.apply_adapter(adapter("sql", priority=3))
+    reloaded, _ = make_fleet()
+    assert reloaded.adapters["sql"].to_dict() == fleet.adapters["sql"].to_dict()
+    _, outcome = reloaded.apply_adapter(adapter("sql", priority=3))
+    assert outcome == "unchanged"
+
+
+def test_the_ready_state_is_required_to_route(served):
+    fleet, reconciler, router = served
+    fleet.apply_adapter(adapter("sql"))
+    router.report(waiting={"sql": 1})
+    reconciler.tick()
+    engines_obey(fleet)
+    (holder,) = holders(fleet, "sql")
+    fleet.set_replica_state(fleet.replicas[holder], ReplicaState.UNHEALTHY, "probe failing")
+    reconciler.tick()
+    assert reconciler.routes.routes["sql"] == []
