@@ -35,7 +35,9 @@ def rows(fleet: Production) -> list[dict]:
 
 
 def test_a_sleeper_survives_a_failover_and_wakes_on_request_with_tokens_on(
-    procs, tmp_path, database  # noqa: F811
+    procs,
+    tmp_path,
+    database,  # noqa: F811
 ):
     fleet = Production(procs, tmp_path, database)
     applied_at = time.monotonic()

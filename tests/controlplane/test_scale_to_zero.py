@@ -9,7 +9,6 @@ from controlplane.scaling import plan_stop_idle
 from tests.controlplane.conftest import make_node, spec
 from tests.controlplane.test_reconciler import ready_all
 
-
 NEWEST = 2**62  # a router that holds the newest table: every withdrawal so far acknowledged
 
 
