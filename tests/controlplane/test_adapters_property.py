@@ -45,9 +45,8 @@ def fleets(draw):
         for n in loaded:
             slot = slot_id(replica.id, n)
             kind = draw(st.sampled_from([IdleState.EXACT, IdleState.AT_LEAST, IdleState.UNKNOWN]))
-            idle[slot] = (
-                (-1.0, kind) if kind == IdleState.UNKNOWN else (draw(st.floats(0, 999)), kind)
-            )
+            # The number never says "idle" for unknown use: the state does.
+            idle[slot] = (draw(st.floats(0, 999)), kind)
             if draw(st.integers(0, 4)) == 0:
                 in_flight[slot] = 1
     waiting = {n: draw(st.integers(0, 3)) for n in names if draw(st.booleans())}
