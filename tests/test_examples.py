@@ -28,3 +28,13 @@ def test_example_fleet_loads():
     assert len(nodes) == 8
     assert nodes[3].health()[5]["healthy"] is False
     assert yaml.safe_load((EXAMPLES / "fleet.yaml").read_text())["fabrics"][0]["name"] == "ib-a"
+
+
+def test_example_sleep_and_adapters_validate():
+    from controlplane.adapters import validate_adapter
+
+    base, *adapters = read_specs(str(EXAMPLES / "sleep-and-adapters.yaml"))
+    spec = validate_spec(base)
+    assert spec.sleeps and spec.sleep_level == 1 and spec.max_adapters == 8
+    names = [validate_adapter(a, {spec.name: spec}).name for a in adapters]
+    assert names == ["qwen-sql", "qwen-support-fr"]
