@@ -77,7 +77,7 @@ def trace(s: Settings) -> list[Request]:
     """Arrivals over `s.minutes`: gamma inter-arrival times of mean 1/rate and CV `s.cv`, each
     request for a model drawn by Zipf popularity."""
     rng = random.Random(s.seed)
-    names = [f"m{i:02d}" for i in range(s.models)]
+    names = model_names(s.models)
     weights = [1 / (rank + 1) ** s.zipf for rank in range(s.models)]
     shape = 1 / (s.cv * s.cv)
     scale = (1 / s.rate) / shape
@@ -87,6 +87,11 @@ def trace(s: Settings) -> list[Request]:
         if at >= s.minutes * 60:
             return out
         out.append(Request(at, rng.choices(names, weights)[0]))
+
+
+def model_names(count: int) -> list[str]:
+    width = len(str(count - 1))
+    return [f"m{i:0{width}d}" for i in range(count)]
 
 
 def spec_for(name: str, policy: str, s: Settings) -> dict:
@@ -111,6 +116,7 @@ class Engine:
     state: str  # starting, ready, sleeping, asleep, waking
     until: float
     gpus: int
+    adapters: dict[str, float] = field(default_factory=dict)  # adapter -> loaded from then
 
 
 REPORTED = {
@@ -125,8 +131,9 @@ REPORTED = {
 class Agent:
     """One node's agent, its engines modelled: they load, sleep and wake in set times."""
 
-    def __init__(self, fleet: Fleet, node: str, s: Settings) -> None:
+    def __init__(self, fleet: Fleet, node: str, s: Settings, adapter_load_s: float = 0.5) -> None:
         self.fleet, self.node, self.s = fleet, node, s
+        self.adapter_load_s = adapter_load_s
         self.engines: dict[str, Engine] = {}
         self.cold_starts = self.wakes = 0
         self.gpu_seconds_awake = 0.0
@@ -152,8 +159,17 @@ class Agent:
                 engine.state = {"starting": "ready", "sleeping": "asleep", "waking": "ready"}.get(
                     engine.state, engine.state
                 )
+            if engine.state == "ready":
+                wanted = [x["name"] for x in a["adapters"]]
+                engine.adapters = {
+                    name: engine.adapters.get(name, now + self.adapter_load_s) for name in wanted
+                }
         reports = {
-            rid: {"state": REPORTED[e.state], "url": f"http://sim/{rid}"}
+            rid: {
+                "state": REPORTED[e.state],
+                "url": f"http://sim/{rid}",
+                "adapters": [name for name, at in e.adapters.items() if at <= now],
+            }
             for rid, e in self.engines.items()
         }
         self.fleet.heartbeat(self.node, {"replicas": reports})
@@ -177,6 +193,8 @@ class Router:
         self.parked: dict[str, deque] = defaultdict(deque)
         self.done: list[tuple[float, str]] = []  # (when, replica): a heap of answers ending
         self.started = 0.0
+        self.holds = None  # (endpoint, now) -> whether its engine serves what it is routed
+        self.misses = 0
 
     def take_routes(self, now: float) -> None:
         table = self.reconciler.routes
@@ -194,10 +212,16 @@ class Router:
             return
         request.parked = True
         self.parked[request.model].append(request)
-        self.fleet.demand(request.model, len(self.parked[request.model]))
+        waiting = len(self.parked[request.model])
+        if request.model in self.fleet.adapters:  # as the control plane's API tells them apart
+            self.fleet.adapter_demand(request.model, waiting)
+        else:
+            self.fleet.demand(request.model, waiting)
 
     def send(self, request: Request, now: float) -> None:
         replica = min(self.routes[request.model], key=lambda rid: (self.in_flight[rid], rid))
+        if self.holds is not None and not self.holds(replica, now):
+            self.misses += 1  # it reached a replica without its adapter: a 404
         request.started = now
         self.in_flight[replica] += 1
         self.last_used[replica] = now
@@ -246,6 +270,9 @@ class Result:
     cold_starts: int
     wakes: int
     gpu_seconds_awake: float
+    misses: int = 0  # requests that reached a replica without their adapter
+    loads: int = 0  # adapter loads
+    unloads: int = 0
 
     @property
     def attainment(self) -> float:
@@ -281,8 +308,21 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
 
 
-def run(policy: str, requests: list[Request], s: Settings, workdir: Path) -> Result:
+def run(
+    policy: str,
+    requests: list[Request],
+    s: Settings,
+    workdir: Path,
+    bodies: list[dict] | None = None,
+    warm: list[str] | None = None,
+) -> Result:
+    """Play `requests` against a fleet of `s.cards` cards (three times that for dedicated)
+    given `bodies` to apply (models and adapters; default: `s.models` models for `policy`),
+    each of `warm` (default: the models) asked for every 20 s before the trace starts."""
     cards = s.cards * (3 if policy == "dedicated" else 1)
+    names = model_names(s.models)
+    bodies = bodies if bodies is not None else [spec_for(n, policy, s) for n in names]
+    warm = names if warm is None else warm
     clock = Clock()
     store = SqliteStore(workdir / f"{policy}.sqlite")
     try:
@@ -305,15 +345,25 @@ def run(policy: str, requests: list[Request], s: Settings, workdir: Path) -> Res
                 }  # fmt: skip
             )
             agents.append(Agent(fleet, name, s))
-        for i in range(s.models):
-            fleet.apply(spec_for(f"m{i:02d}", policy, s))
+        for body in bodies:
+            if body.get("kind") == "adapter":
+                fleet.apply_adapter(body)
+            else:
+                fleet.apply(body)
         router = Router(fleet, reconciler, s)
+
+        def holds(endpoint: str, now: float) -> bool:
+            replica, sep, adapter = endpoint.partition("@")
+            engine = next((a.engines.get(replica) for a in agents if replica in a.engines), None)
+            return not sep or (engine is not None and engine.adapters.get(adapter, now + 1) <= now)
+
+        router.holds = holds
         # Before the trace, each policy settles: every model is asked for every 20 s, so that
         # what a policy keeps loaded (asleep, for one that sleeps) is loaded when it starts.
         warmup = s.warmup_minutes * 60
         played = [Request(r.at + warmup, r.model) for r in requests]
-        asks = [Request(float(at), f"m{i:02d}") for at in range(0, int(warmup) - 120, 20)
-                for i in range(s.models)]  # fmt: skip
+        asks = [Request(float(at), name) for at in range(0, int(warmup) - 120, 20)
+                for name in warm]  # fmt: skip
         pending = deque(sorted(asks) + sorted(played))
         end = s.minutes * 60 + s.park_timeout_s + warmup
         next_report = 0.0
@@ -353,6 +403,9 @@ def run(policy: str, requests: list[Request], s: Settings, workdir: Path) -> Res
             sum(a.cold_starts for a in agents),
             sum(a.wakes for a in agents),
             sum(a.gpu_seconds_awake for a in agents),
+            router.misses,
+            sum(fleet.adapter_loads.values()),
+            sum(fleet.adapter_unloads.values()),
         )
     finally:
         store.close()
