@@ -20,7 +20,9 @@ def exported_names() -> set[str]:
     replica = Replica("m-1", "m", [Slice("n1", [0])], state=ReplicaState.READY)
     spec = ModelSpec(name="m", gpu_class="H100-80GB", command=["x"])
     snap = FleetSnapshot([node], [replica], [spec], {}, {}, now=1e6)
-    text = exposition(summary(snap), model_rows(snap), {"activity_reports": 0, "ticks": 0})
+    adapters = [{"name": "a", "base": "m", "loaded": 1, "waiting": 0}]
+    stats = {"activity_reports": 0, "ticks": 0, "adapters": adapters}
+    text = exposition(summary(snap), model_rows(snap), stats)
     metrics = RouterMetrics()
     stats = metrics.model("m")
     stats.finished(200, 0.1)
