@@ -273,3 +273,30 @@ def test_the_ready_state_is_required_to_route(served):
     fleet.set_replica_state(fleet.replicas[holder], ReplicaState.UNHEALTHY, "probe failing")
     reconciler.tick()
     assert reconciler.routes.routes["sql"] == []
+
+
+def test_a_router_restart_never_makes_a_used_adapter_look_idle(served, clock):
+    fleet, reconciler, router = served
+    full(served, clock)
+    fleet.apply_adapter(adapter("new"))
+    slot = slot_id(holders(fleet, "a1")[0], "a1")
+    tick_for(fleet, reconciler, router, clock, 50, used={slot: 0.0})
+    # The router dies without a goodbye and comes back: a use may hide in the gap.
+    clock.advance(30)
+    fleet.heartbeat("n1", {})
+    fleet.idle.report(
+        {
+            "router": "edge",
+            "incarnation": "i2",
+            "uptime_s": 1,
+            "route_version": reconciler.routes.version,
+            "used": {},
+            "watched": {e["id"]: 1 for eps in reconciler.routes.routes.values() for e in eps},
+            "in_flight": {},
+            "waiting": {"new": 1},
+        }
+    )
+    reconciler.tick()
+    seconds, state = fleet.idle.idle_for(slot)
+    assert str(state) == "at_least" and seconds < 60, "the bound restarts after the gap"
+    assert holders(fleet, "a1"), "so it is not taken for new"
