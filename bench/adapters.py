@@ -19,7 +19,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from bench.multiplex import Settings, model_names, percentile, run, spec_for, trace
+from bench.multiplex import (
+    Settings,
+    markdown_table,
+    model_names,
+    percentile,
+    run,
+    spec_for,
+    trace,
+)
 
 BASE = "base"
 
@@ -74,11 +82,7 @@ def table(results: dict, minutes: float) -> str:
                 str(r.refused),
             ]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-             for row in rows]  # fmt: skip
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table(rows)
 
 
 def main() -> None:

@@ -426,8 +426,12 @@ def compare(s: Settings, policies=POLICIES) -> dict[str, Result]:
 
 
 def table(results: dict[str, Result]) -> str:
-    rows = [HEADERS] + [r.row() for r in results.values()]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
+    return markdown_table([HEADERS] + [r.row() for r in results.values()])
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    """`rows` (headers first) as a Markdown table, for release notes."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
              for row in rows]  # fmt: skip
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")

@@ -32,13 +32,13 @@ from dataclasses import asdict, dataclass, field
 from controlplane.idle import SLOT_SEP, IdleState
 from controlplane.model import (
     NAME,
-    PRIORITY_RANGE,
     ModelSpec,
     Replica,
     ReplicaState,
     SpecError,
     format_duration,
-    parse_duration,
+    parse_idle_after,
+    parse_priority,
 )
 
 SEP = SLOT_SEP  # between a replica's id and an adapter's name; in neither
@@ -102,14 +102,8 @@ def validate_adapter(body, specs: dict[str, ModelSpec]) -> Adapter:
     source = body.get("source")
     if not isinstance(source, str) or not source or re.search(r"[\x00-\x1f]", source):
         raise SpecError("source", "required: a path or URI the engine loads the adapter from")
-    priority = body.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise SpecError("priority", f"expected an integer, got {priority!r}")
-    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-        raise SpecError("priority", "must be between -1000000 and 1000000")
-    if "idle_after" in body and "idle_after_s" in body:
-        raise SpecError("idle_after", "give idle_after or idle_after_s, not both")
-    idle = parse_duration(body.get("idle_after", body.get("idle_after_s", 1800)), "idle_after")
+    priority = parse_priority(body)
+    idle = parse_idle_after(body)
     min_loaded = body.get("min_loaded", 0)
     if isinstance(min_loaded, bool) or not isinstance(min_loaded, int) or min_loaded < 0:
         raise SpecError("min_loaded", "a non-negative integer")

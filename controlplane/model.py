@@ -517,6 +517,21 @@ def _sleep_settings(body: dict) -> dict:
     }
 
 
+def parse_priority(body: dict) -> int:
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise SpecError("priority", f"expected an integer, got {priority!r}")
+    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+        raise SpecError("priority", "must be between -1000000 and 1000000")
+    return priority
+
+
+def parse_idle_after(body: dict) -> float:
+    if "idle_after" in body and "idle_after_s" in body:
+        raise SpecError("idle_after", "give idle_after or idle_after_s, not both")
+    return parse_duration(body.get("idle_after", body.get("idle_after_s", 1800)), "idle_after")
+
+
 def _positive_int(body: dict, name: str, default: int, allow_zero: bool = False) -> int:
     value = body.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -583,9 +598,7 @@ def validate_spec(body) -> ModelSpec:
     health_path = body.get("health_path", "/health")
     if not isinstance(health_path, str) or not health_path.startswith("/"):
         raise SpecError("health_path", "must be a path starting with /")
-    if "idle_after" in body and "idle_after_s" in body:
-        raise SpecError("idle_after", "give idle_after or idle_after_s, not both")
-    idle = body.get("idle_after", body.get("idle_after_s", 1800))
+    idle = parse_idle_after(body)
     generation = body.get("generation", 0)
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
         raise SpecError("generation", "must be a non-negative integer")
@@ -617,11 +630,7 @@ def validate_spec(body) -> ModelSpec:
     if "scale_down_delay" in body and "scale_down_delay_s" in body:
         raise SpecError("scale_down_delay", "give scale_down_delay or _s, not both")
     delay = body.get("scale_down_delay", body.get("scale_down_delay_s", 300))
-    priority = body.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise SpecError("priority", f"expected an integer, got {priority!r}")
-    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-        raise SpecError("priority", "must be between -1000000 and 1000000")
+    priority = parse_priority(body)
     if "min_residency" in body and "min_residency_s" in body:
         raise SpecError("min_residency", "give min_residency or min_residency_s, not both")
     residency = body.get("min_residency", body.get("min_residency_s"))
@@ -642,7 +651,7 @@ def validate_spec(body) -> ModelSpec:
         env=dict(env),
         env_from={k: dict(v) for k, v in env_from.items()},
         health_path=health_path,
-        idle_after_s=parse_duration(idle, "idle_after"),
+        idle_after_s=idle,
         generation=generation,
         min_replicas=min_replicas,
         scale_to_zero_after_s=scale_after,

@@ -78,11 +78,12 @@ def one_replica(fleet, model):
     return replica
 
 
-def asleep_alpha(make_fleet, clock, host_mb=HOST_MB):
+def asleep_alpha(make_fleet, clock, host_mb=HOST_MB, **spec_fields):
+    """alpha served, then unused past its sleep.after: on its way to sleep, if it may."""
     fleet, reconciler = make_fleet()
     router = Router(fleet, reconciler)
     fleet.register(node(host_mb=host_mb))
-    fleet.apply(sleepy("alpha"))
+    fleet.apply(sleepy("alpha", **spec_fields))
     reconciler.tick()
     obeying_agent(fleet, "n1")
     reconciler.tick()
@@ -201,17 +202,7 @@ def test_no_sleep_at_level_1_without_the_host_memory_for_the_weights(make_fleet,
 
 
 def test_level_2_needs_no_host_memory(make_fleet, clock):
-    fleet, reconciler = make_fleet()
-    router = Router(fleet, reconciler)
-    fleet.register(node(host_mb=0))
-    fleet.apply(sleepy("alpha", sleep={"level": 2, "after": "60s"}))
-    reconciler.tick()
-    obeying_agent(fleet, "n1")
-    reconciler.tick()
-    router.report()
-    wait(fleet, clock, 61)
-    router.report()
-    reconciler.tick()
+    fleet, _, _ = asleep_alpha(make_fleet, clock, host_mb=0, sleep={"level": 2, "after": "60s"})
     assert one_replica(fleet, "alpha").state == ReplicaState.SLEEPING
 
 
@@ -233,17 +224,7 @@ def test_a_sleeper_that_does_not_wake_in_time_is_restarted_cold(make_fleet, cloc
 
 
 def test_a_sleeper_idle_past_scale_to_zero_after_stops(make_fleet, clock):
-    fleet, reconciler = make_fleet()
-    router = Router(fleet, reconciler)
-    fleet.register(node())
-    fleet.apply(sleepy("alpha", scale_to_zero_after="10m"))
-    reconciler.tick()
-    obeying_agent(fleet, "n1")
-    reconciler.tick()
-    router.report()
-    wait(fleet, clock, 61)
-    router.report()
-    reconciler.tick()
+    fleet, reconciler, router = asleep_alpha(make_fleet, clock, scale_to_zero_after="10m")
     put_to_sleep(fleet, reconciler, router)
     alpha = one_replica(fleet, "alpha")
     assert alpha.state == ReplicaState.ASLEEP
