@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass, field
 
 from controlplane.idle import SLOT_SEP, IdleState
 from controlplane.model import (
-    NAME,
     ModelSpec,
     Replica,
     ReplicaState,
     SpecError,
     format_duration,
     parse_idle_after,
+    parse_name,
     parse_priority,
 )
 
@@ -85,13 +85,7 @@ def validate_adapter(body, specs: dict[str, ModelSpec]) -> Adapter:
         raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(ADAPTER_FIELDS))})")
     if body.get("kind", "adapter") != "adapter":
         raise SpecError("kind", "adapter")
-    name = body.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise SpecError(
-            "name",
-            "lower-case letters, digits, '.', '_' or '-', 1-63 characters, "
-            "starting and ending with a letter or digit",
-        )
+    name = parse_name(body)
     if name in specs:
         raise SpecError("name", f"a model is named {name}: requests name one or the other")
     base = body.get("base")

@@ -517,6 +517,17 @@ def _sleep_settings(body: dict) -> dict:
     }
 
 
+def parse_name(body: dict) -> str:
+    name = body.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise SpecError(
+            "name",
+            "lower-case letters, digits, '.', '_' or '-', 1-63 characters, "
+            "starting and ending with a letter or digit",
+        )
+    return name
+
+
 def parse_priority(body: dict) -> int:
     priority = body.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
@@ -548,13 +559,7 @@ def validate_spec(body) -> ModelSpec:
     unknown = sorted(set(body) - SPEC_FIELDS)
     if unknown:
         raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(SPEC_FIELDS))})")
-    name = body.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise SpecError(
-            "name",
-            "lower-case letters, digits, '.', '_' or '-', 1-63 characters, "
-            "starting and ending with a letter or digit",
-        )
+    name = parse_name(body)
     gpu_class = body.get("gpu_class")
     if not isinstance(gpu_class, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", gpu_class):
         raise SpecError("gpu_class", "required, such as H100-80GB")
