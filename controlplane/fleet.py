@@ -607,16 +607,7 @@ class Fleet:
                 out.append(
                     {
                         "sleep": replica.sleep,
-                        "adapters": [
-                            {"name": name, "source": self.adapters[name].source}
-                            for name in (*replica.want_adapters, *replica.unloading)
-                            if name in self.adapters
-                        ]
-                        + [
-                            {"name": name, "source": ""}
-                            for name in replica.unloading
-                            if name not in self.adapters
-                        ],  # fmt: skip
+                        "adapters": self._adapters_held(replica),
                         "engine": spec.engine,
                         "engine_endpoints": spec.engine_endpoints,
                         "gpu_memory_utilization": self._memory_share(spec, piece),
@@ -633,6 +624,15 @@ class Fleet:
                     }
                 )
         return out
+
+    def _adapters_held(self, replica: Replica) -> list[dict]:
+        """What the engine must hold: what it serves, and what it unloads only once every
+        router has dropped the route (a deleted adapter's source no longer matters)."""
+        names = [*replica.want_adapters, *replica.unloading]
+        return [
+            {"name": name, "source": self.adapters[name].source if name in self.adapters else ""}
+            for name in names
+        ]
 
     def _memory_share(self, spec: ModelSpec, piece) -> str:
         """The share of each card the engine may take awake, for {gpu_memory_utilization}:

@@ -15,7 +15,7 @@ from controlplane.adapters import AdapterInputs, plan_adapters, slot_id
 from controlplane.autoscale import decide
 from controlplane.fleet import Fleet
 from controlplane.idle import IdleState
-from controlplane.model import ReplicaState, Schedulable, gpu_faults
+from controlplane.model import ReplicaState, Schedulable, Slice, gpu_faults
 from controlplane.model import format_duration as duration
 from controlplane.placement import Placer, eligible
 from controlplane.records import Reservation
@@ -650,7 +650,7 @@ class Reconciler:
             placement = plan.replica.placement
             fleet.reservations[model] = Reservation(
                 model,
-                [type(p)(p.node, list(p.gpus)) for p in placement],
+                [Slice(p.node, list(p.gpus)) for p in placement],
                 [m.replica.id for m in plan.moves],
                 fleet.demand_since[model],
                 now,
