@@ -39,4 +39,28 @@ def explain(spec: ModelSpec, default_residency_s: float) -> list[str]:
             f"min_residency {duration(kept)}{source}: once Ready, a replica of it is not taken"
             f" for another model of priority {spec.priority} or higher for {duration(kept)}"
         )
+    lines += _sleep_lines(spec)
+    if spec.max_adapters:
+        lines.append(
+            f"each replica holds up to {spec.max_adapters} LoRA adapter(s), loaded where"
+            " requests wait for them; the idlest past its idle_after makes way when all are full"
+        )
     return lines
+
+
+def _sleep_lines(spec: ModelSpec) -> list[str]:
+    if spec.sleep_level is None:
+        return []
+    if not spec.sleeps:
+        return [f"its {spec.engine} engines sleep by themselves; the next request wakes them"]
+    kept = "its weights kept in host memory" if spec.sleep_level == 1 else "its weights dropped"
+    when = (
+        f"after {duration(spec.sleep_after_s)} unused (above min_replicas)"
+        if spec.sleep_after_s is not None
+        else "only to make room for another model"
+    )
+    return [
+        f"sleeps at level {spec.sleep_level} ({kept}) {when}, and rather than stop when it"
+        f" makes room; a request wakes it, within {duration(spec.wake_timeout_s)} or it is"
+        " restarted cold"
+    ]

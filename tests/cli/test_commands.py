@@ -167,6 +167,14 @@ def test_apply_dry_run_checks_on_the_server_and_stores_nothing(cp, tmp_path):
     assert "scales from 1 down to 0 replica(s) after 10m unused" in explained
     assert "min_residency 2m (the server's default): once Ready" in explained
     assert "priority -2 or higher for 2m" in explained
+    sleepy = spec(
+        name="llama", min_replicas=0, engine="vllm", sleep={"level": 1, "after": "5m"},
+        max_adapters=4,
+    )  # fmt: skip
+    explained = run(*auth, "apply", "-f", str(write(tmp_path, sleepy)), "--dry-run").output
+    assert "sleeps at level 1 (its weights kept in host memory) after 5m unused" in explained
+    assert "within 2m or it is restarted cold" in explained
+    assert "each replica holds up to 4 LoRA adapter(s)" in explained
     for field, value in (("priority", "high"), ("priority", True), ("min_residency", "-1s")):
         refused = run(*auth, "apply", "-f", str(write(tmp_path, spec(**{field: value}))))
         assert refused.exit_code == 1 and field in refused.output, (field, refused.output)
