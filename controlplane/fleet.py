@@ -495,6 +495,8 @@ class Fleet:
         if replica.state == ReplicaState.RETIRING and report["state"] not in ("Failed", "Stopped"):
             return  # Ready as far as its agent knows; retiring as far as the fleet goes
         state = report["state"]
+        if leader:
+            state = self._self_sleep_report(replica, state)
         if state not in ("Failed", "Stopped") and self._sleep_report(replica, state, leader):
             return
         if state == "Failed" or (state == "Stopped" and replica.state != ReplicaState.STOPPING):
@@ -549,22 +551,31 @@ class Fleet:
         self.store.put_replica(replica)
         self.changed = True
 
+    def _self_sleep_report(self, replica: Replica, state: str) -> str:
+        """An engine that sleeps by itself (llama.cpp) and wakes on the next request is Ready
+        asleep or awake: the flag is news for operators, not for routing, room or idleness.
+        Returns the state to act on."""
+        spec = self.specs.get(replica.model)
+        if spec is None or spec.engine not in SELF_WAKING or state not in ("Ready", "Asleep"):
+            return state
+        asleep = state == "Asleep"
+        if asleep != replica.engine_asleep:
+            replica.engine_asleep = asleep
+            self.store.put_replica(replica)
+            self.changed = True
+            news = "asleep by itself" if asleep else "woken by a request"
+            self.event(replica.model, f"replica {replica.id} {news}")
+        return "Ready"
+
     def _sleep_report(self, replica: Replica, state: str, leader: bool) -> bool:
-        """Take what an agent says of an engine's sleep; True when that is all there was to it
-        (the report says nothing the fleet acts on, or the fleet acted on it here)."""
+        """Take what an agent says of an engine the fleet puts to sleep; True when that is all
+        there was to it (the report says nothing the fleet acts on, or the fleet acted on it
+        here)."""
         sleep_states = (ReplicaState.SLEEPING, ReplicaState.ASLEEP, ReplicaState.WAKING)
-        if state in ("Asleep", "Waking") and replica.state not in sleep_states:
-            spec = self.specs.get(replica.model)
-            wakes_itself = spec is not None and spec.engine in SELF_WAKING
-            if not (leader and wakes_itself and state == "Asleep"):
-                return True
-            if replica.state != ReplicaState.READY:
-                return True
-            # An engine that sleeps by itself (llama.cpp): shown, still routed.
-            self.set_replica_state(replica, ReplicaState.ASLEEP, "asleep by itself")
+        if replica.state not in sleep_states:
+            return state in ("Asleep", "Waking")  # an engine catching up with its orders
+        if not leader:
             return True
-        if replica.state not in sleep_states or not leader:
-            return replica.state in sleep_states
         if replica.state == ReplicaState.SLEEPING and replica.sleep and state == "Asleep":
             self.set_replica_state(replica, ReplicaState.ASLEEP, f"asleep at level {replica.sleep}")
             self.sleep_totals[replica.model] = self.sleep_totals.get(replica.model, 0) + 1
@@ -575,9 +586,6 @@ class Fleet:
             replica.ready_at = self.wall()
             self._swapped_in(replica)
             self.set_replica_state(replica, ReplicaState.READY, f"woken in {seconds:.1f}s")
-        elif replica.state == ReplicaState.ASLEEP and not replica.sleep and state == "Ready":
-            replica.ready_at = self.wall()  # a self-waking engine a request woke
-            self.set_replica_state(replica, ReplicaState.READY, "woken by a request")
         return True
 
     def _forget_stopped(self, node: Node, reports: dict) -> None:
@@ -851,11 +859,11 @@ class Fleet:
         )
 
     def held_gpus(self) -> set[tuple[str, int]]:
-        """GPUs an awake engine holds (or one that wakes by itself on a request)."""
+        """GPUs an awake engine holds."""
         return {
             (piece.node, index)
             for r in self.replicas.values()
-            if holds_card(r, self.specs)
+            if holds_card(r)
             for piece in r.placement
             for index in piece.gpus
         }

@@ -49,7 +49,7 @@ HOLDING = {
 RESIDENT = HOLDING | {ReplicaState.ASLEEP}
 ENGINE_KINDS = ("vllm", "sglang", "llama.cpp")
 # Engines that sleep on their own and wake on the next request (llama.cpp's
-# --sleep-idle-seconds): asleep they stay routable and keep their cards.
+# --sleep-idle-seconds): the fleet never tells them to; asleep, they are Ready all the same.
 SELF_WAKING = ("llama.cpp",)
 
 
@@ -265,6 +265,9 @@ class Replica:
     slept_at: float = 0.0  # wall clock: when its engine was told to sleep
     idle_at_sleep: float = 0.0  # seconds idle when it was put to sleep (a known lower bound)
     woken_at: float = 0.0  # wall clock: when its engine was last told to wake
+    # Ready, its engine asleep by itself (llama.cpp): routed all the same, the next request
+    # wakes it; shown as Asleep.
+    engine_asleep: bool = False
     # LoRA adapters (controlplane/adapters.py): what it should hold and serve; what it holds
     # until every router has dropped its route; what its engine reports loaded; and why a
     # load failed (not tried on it again).
@@ -299,6 +302,7 @@ class Replica:
             "slept_at": self.slept_at,
             "idle_at_sleep": self.idle_at_sleep,
             "woken_at": self.woken_at,
+            "engine_asleep": self.engine_asleep,
             "want_adapters": list(self.want_adapters),
             "unloading": dict(self.unloading),
             "withdrawn_version": self.withdrawn_version,
@@ -323,6 +327,7 @@ class Replica:
             self.slept_at,
             self.idle_at_sleep,
             self.woken_at,
+            self.engine_asleep,
             list(self.want_adapters),
             dict(self.unloading),
             self.withdrawn_version,

@@ -25,7 +25,6 @@ from controlplane.sleep import (
     memory_stops,
     plan_idle,
     plan_wake,
-    self_waking,
     settled,
     victim_moves,
 )
@@ -287,10 +286,7 @@ class Reconciler:
         does one whose routers are still dropping it on its way to sleep; one that never had
         a route (Pending, Starting) or sleeps stops at once: nobody can be using it."""
         withdrawing = replica.state == ReplicaState.SLEEPING and not replica.sleep
-        routed = replica.state == ReplicaState.ASLEEP and self_waking(
-            self.fleet.specs.get(replica.model)
-        )
-        if replica.state == ReplicaState.READY or withdrawing or routed:
+        if replica.state == ReplicaState.READY or withdrawing:
             self.fleet.withdraw(replica, f"{why}; route withdrawn")
         else:
             self.fleet.set_replica_state(replica, ReplicaState.STOPPING, why)
@@ -343,7 +339,7 @@ class Reconciler:
             )
             if stops:
                 # Sleepers beside the freed cards leave too little memory for it awake.
-                self._carry_out(stops, f"to make room for {model}")
+                self._carry_out(stops)
                 if any(m.action == "blocked" for m in stops):
                     del fleet.reservations[model]  # plan again, elsewhere
                 continue
@@ -531,12 +527,12 @@ class Reconciler:
             if blocked:
                 fleet.set_reason(spec.name, "waiting for room: " + "; ".join(blocked))
             else:
-                self._carry_out(stops, f"to make room for {spec.name}")
+                self._carry_out(stops)
             return
         memory = fleet.sleepers()
         moves = victim_moves(plan.victims, f"to make room for {spec.name}: {why}", inputs, memory)
         moves = settled(moves + memory_stops(spec, gpus, inputs, memory))
-        self._carry_out([m for m in moves if m.action != "blocked"], "")
+        self._carry_out([m for m in moves if m.action != "blocked"])
         fleet.reservations[spec.name] = Reservation(
             spec.name,
             plan.placement,
@@ -560,7 +556,7 @@ class Reconciler:
         }
         fleet.set_reason(spec.name, reason)
 
-    def _carry_out(self, moves, purpose: str) -> None:
+    def _carry_out(self, moves) -> None:
         """Moves of a sleep plan: victims and idle replicas sleep or stop through the safe
         stop; sleepers (nothing routes to them) stop at once."""
         fleet = self.fleet
@@ -595,7 +591,7 @@ class Reconciler:
             return
         plan = plan_idle(self._room_inputs(fleet.wall()), fleet.woken_at)
         for move in plan.moves:
-            self._carry_out([move], "")
+            self._carry_out([move])
             if move.action == "stop":
                 self.stops["idle"] = self.stops.get("idle", 0) + 1
 
@@ -646,7 +642,7 @@ class Reconciler:
                 fleet.room.pop(model, None)
                 fleet.set_reason(model, "")
                 continue
-            self._carry_out(plan.moves, "")
+            self._carry_out(plan.moves)
             placement = plan.replica.placement
             fleet.reservations[model] = Reservation(
                 model,
@@ -813,18 +809,13 @@ class Reconciler:
     def _routing_table(self) -> dict[str, list[dict]]:
         fleet = self.fleet
         routes: dict[str, list[dict]] = {name: [] for name in sorted(fleet.specs)}
-        for replica in sorted(fleet.replicas.values(), key=lambda r: r.id):
-            routed = replica.state == ReplicaState.READY or (
-                replica.state == ReplicaState.ASLEEP
-                and self_waking(fleet.specs.get(replica.model))  # the next request wakes it
-            )
-            if routed and replica.url and replica.model in routes:
-                routes[replica.model].append({"id": replica.id, "url": replica.url})
         for name in sorted(fleet.adapters):
             routes[name] = []
         for replica in sorted(fleet.replicas.values(), key=lambda r: r.id):
             if replica.state != ReplicaState.READY or not replica.url:
                 continue
+            if replica.model in routes:
+                routes[replica.model].append({"id": replica.id, "url": replica.url})
             for name in replica.want_adapters:
                 if name in replica.adapters and name in routes:
                     routes[name].append({"id": slot_id(replica.id, name), "url": replica.url})

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from controlplane.idle import IdleState
 from controlplane.model import (
     HOLDING,
-    SELF_WAKING,
     ModelSpec,
     Node,
     Replica,
@@ -48,23 +47,17 @@ Gpu = tuple[str, int]
 SLEEPER_STATES = {ReplicaState.SLEEPING, ReplicaState.ASLEEP}
 
 
-def self_waking(spec: ModelSpec | None) -> bool:
-    return spec is not None and spec.engine in SELF_WAKING
-
-
-def holds_card(replica: Replica, specs: dict[str, ModelSpec]) -> bool:
-    """Whether `replica` keeps its cards from any other awake replica: awake or on its way,
-    or asleep in an engine that wakes by itself on the next request."""
-    if replica.state in HOLDING and replica.state != ReplicaState.SLEEPING:
-        return True
+def holds_card(replica: Replica) -> bool:
+    """Whether `replica` keeps its cards from any other awake replica: awake, or on its way
+    to or from sleep with its engine still holding them."""
     if replica.state == ReplicaState.SLEEPING:
         return replica.sleep == 0  # still awake: its routers are dropping it
-    return replica.state == ReplicaState.ASLEEP and self_waking(specs.get(replica.model))
+    return replica.state in HOLDING
 
 
-def is_sleeper(replica: Replica, specs: dict[str, ModelSpec]) -> bool:
+def is_sleeper(replica: Replica) -> bool:
     """A replica whose cards' memory it keeps only its reserve of (or will, once asleep)."""
-    return replica.state in SLEEPER_STATES and not self_waking(specs.get(replica.model))
+    return replica.state in SLEEPER_STATES
 
 
 def card_mb(nodes: dict[str, Node], gpu: Gpu) -> int:
@@ -103,7 +96,7 @@ def memory_of(replicas: list[Replica], specs: dict[str, ModelSpec], nodes) -> Me
     memory = Memory()
     for replica in replicas:
         spec = specs.get(replica.model)
-        if spec is not None and is_sleeper(replica, specs):
+        if spec is not None and is_sleeper(replica):
             memory.add(replica, spec, nodes)
     return memory
 
@@ -147,9 +140,6 @@ class Move:
 @dataclass
 class SleepPlan:
     moves: list[Move] = field(default_factory=list)
-
-    def of(self, action: str) -> list[Move]:
-        return [m for m in self.moves if m.action == action]
 
 
 def plan_idle(inputs: RoomInputs, woken_at: dict[str, float]) -> SleepPlan:
@@ -238,7 +228,7 @@ def plan_wake(waiting: ModelSpec, inputs: RoomInputs) -> WakePlan:
     holders: dict[Gpu, Replica] = {
         (piece.node, index): r
         for r in inputs.replicas
-        if holds_card(r, specs)
+        if holds_card(r)
         for piece in r.placement
         for index in piece.gpus
     }

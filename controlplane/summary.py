@@ -31,9 +31,8 @@ def _held(snap: FleetSnapshot) -> dict[str, frozenset[int]]:
     """The GPU indexes held on each node (by an awake engine: a sleeper leaves its card free
     for one, but for its reserve of memory)."""
     held: dict[str, set[int]] = defaultdict(set)
-    specs = {s.name: s for s in snap.specs}
     for r in snap.replicas:
-        if holds_card(r, specs):
+        if holds_card(r):
             for piece in r.placement:
                 held[piece.node].update(piece.gpus)
     return {node: frozenset(indexes) for node, indexes in held.items()}
@@ -85,7 +84,6 @@ def node_rows(snap: FleetSnapshot, nodes=None) -> list[dict]:
 
 
 DEGRADED = "Degraded"  # shown for a replica that holds a failed GPU
-HOLDING_ROWS = {str(s) for s in HOLDING} | {DEGRADED}
 
 
 def shown_state(replica, nodes: dict) -> tuple[str, list[str]]:
@@ -93,6 +91,8 @@ def shown_state(replica, nodes: dict) -> tuple[str, list[str]]:
     faults = gpu_faults(replica, nodes) if replica.state in HOLDING else []
     if faults and replica.state != ReplicaState.STOPPING:
         return DEGRADED, faults
+    if replica.state == ReplicaState.READY and replica.engine_asleep:
+        return str(ReplicaState.ASLEEP), faults  # Ready all the same: a request wakes it
     return str(replica.state), faults
 
 
@@ -291,7 +291,7 @@ def _replica_numbers(snap: FleetSnapshot, idle_after_s: float | None, nodes: dic
             degraded.append(replica_row(snap, replica, nodes))
         elif shown == str(ReplicaState.FAILED):
             failed.append(replica_row(snap, replica, nodes))
-        if shown not in HOLDING_ROWS:
+        if shown != DEGRADED and replica.state not in HOLDING:
             continue
         unknown_by_silence += replica.id in snap.unknown_by_silence
         seconds, state = snap.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
@@ -385,7 +385,7 @@ def _sleep_numbers(snap: FleetSnapshot) -> dict:
     specs = {s.name: s for s in snap.specs}
     nodes = {n.name: n for n in snap.nodes}
     memory = memory_of(snap.replicas, specs, nodes)
-    asleep = [r for r in snap.replicas if r.state == ReplicaState.ASLEEP]
+    asleep = [r for r in snap.replicas if r.state == ReplicaState.ASLEEP or r.engine_asleep]
     return {
         "replicas": len(asleep),
         "by_level": dict(sorted(Counter(str(r.sleep or "self") for r in asleep).items())),

@@ -6,6 +6,7 @@ import pytest
 
 from controlplane.fleet import BadRequest
 from controlplane.model import ReplicaState
+from controlplane.summary import replica_rows
 from tests.controlplane.conftest import make_node, spec
 
 HOST_MB = 2 * 1024 * 1024  # 2 TiB, as an 8-GPU node has
@@ -299,3 +300,30 @@ def test_a_read_back_spec_applies_unchanged(make_fleet):
     assert stored.sleep_gpu_memory_mb == 2048 and stored.sleep_after_s == 60
     _, outcome = fleet.apply(stored.to_dict())
     assert outcome == "unchanged"
+
+
+def test_an_engine_asleep_by_itself_is_ready_all_the_same(make_fleet, clock):
+    """llama.cpp sleeps by itself and the next request wakes it: it is shown Asleep, but it
+    stays routed, holds its card and is stopped by scale to zero like any Ready replica."""
+    fleet, reconciler = make_fleet()
+    router = Router(fleet, reconciler)
+    fleet.register(node())
+    fleet.apply(spec(name="llama", engine="llama.cpp", min_replicas=0, scale_to_zero_after="60s"))
+    reconciler.tick()
+    agent_says(fleet, "n1", lambda a: "Asleep")  # asleep before it was ever seen Ready
+    llama = one_replica(fleet, "llama")
+    assert llama.state == ReplicaState.READY and llama.engine_asleep
+    reconciler.tick()
+    assert [e["id"] for e in reconciler.routes.routes["llama"]] == [llama.id]
+    assert fleet.held_gpus() == {("n1", 0)}
+    (row,) = replica_rows(fleet.snapshot())
+    assert row["state"] == "Asleep" and row["gpus"] == 1
+    agent_says(fleet, "n1", lambda a: "Ready")
+    assert not llama.engine_asleep
+    assert any(m.endswith("woken by a request") for _, m in fleet.events["llama"])
+    router.report()
+    wait(fleet, clock, 61)
+    agent_says(fleet, "n1", lambda a: "Asleep")
+    router.report()
+    reconciler.tick()
+    assert llama.state == ReplicaState.RETIRING, "scaled to zero through the safe stop"

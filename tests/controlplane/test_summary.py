@@ -5,8 +5,17 @@ from hypothesis import strategies as st
 
 from controlplane.fleet import FleetSnapshot
 from controlplane.idle import IdleState, IdleTracker
-from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Schedulable, Slice
-from controlplane.summary import HOLDING_ROWS, node_rows, replica_rows, summary
+from controlplane.model import (
+    GPU,
+    HOLDING,
+    ModelSpec,
+    Node,
+    Replica,
+    ReplicaState,
+    Schedulable,
+    Slice,
+)
+from controlplane.summary import node_rows, replica_rows, summary
 
 CLASSES = ["H100-80GB", "A100-80GB", "L40S-48GB"]
 
@@ -91,7 +100,8 @@ def test_summary_is_the_aggregate_of_the_rows(snap, threshold):
         assert row["idle_s"] >= (threshold if threshold is not None else 1800.0)
     assert result["idle"]["gpus_held"] == sum(r["gpus"] for r in result["idle"]["replicas"])
     # The summary counts without building every row: each list it shows is the rows' own.
-    holding = [r for r in replicas if r["state"] in HOLDING_ROWS]
+    holding_states = {str(s) for s in HOLDING} | {"Degraded"}
+    holding = [r for r in replicas if r["state"] in holding_states]
     limit = {s.name: s.idle_after_s for s in snap.specs}
     idle_ids = {
         r["id"]

@@ -55,7 +55,7 @@ def test_llama_server_sleeps_by_itself_shows_asleep_and_a_request_wakes_it(
 
     def woken_event():
         events = call("GET", f"{fleet.url}/v1/models/{MODEL}")[1]["events"]
-        return any(e["message"].endswith("Ready: woken by a request") for e in events)
+        return any(e["message"].endswith("woken by a request") for e in events)
 
     # It falls asleep again IDLE_S after the answer: the fleet saw it awake in between.
     wait_until(woken_event, timeout=10, what="the fleet to see it awake again")
