@@ -11,6 +11,7 @@ Stopping, then gone), and one HTTP server in the agent serves every replica's en
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -110,6 +111,8 @@ class InProcessSupervisor(Reconciles):
         self.running: dict[str, InProcess] = {}
         self.stopping: dict[str, InProcess] = {}
         self.failed: dict[str, InProcess] = {}
+        # Never set: its engines change state within `check`, before the heartbeat reads them.
+        self.news = asyncio.Event()
 
     def start(self, a: dict) -> None:
         record = InProcess(a["replica"], a["model"], a["rank"], time.time(), None)

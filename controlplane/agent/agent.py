@@ -158,15 +158,11 @@ class NodeAgent:
     async def _until_next_beat(self) -> None:
         """One heartbeat period, or less when an engine finished falling asleep or waking: a
         swap waits on that news, not on the next period."""
-        news = getattr(self.supervisor, "news", None)
-        if news is None:
-            await asyncio.sleep(self.heartbeat_s)
-            return
         try:
-            await asyncio.wait_for(news.wait(), self.heartbeat_s)
+            await asyncio.wait_for(self.supervisor.news.wait(), self.heartbeat_s)
         except TimeoutError:
             pass
-        news.clear()
+        self.supervisor.news.clear()
 
     async def register(self) -> None:
         delay = 0.2

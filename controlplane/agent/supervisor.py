@@ -152,11 +152,13 @@ def same_program(running: list[str] | None, argv: list[str]) -> bool:
 
 class Reconciles:
     """What every supervisor does with its node's assignments, however it runs replicas: it
-    keeps `running`, `stopping` and `failed` by replica id, and can `start` and `stop` one."""
+    keeps `running`, `stopping` and `failed` by replica id, and can `start` and `stop` one;
+    `news` is set when an engine changed state between heartbeats."""
 
     running: dict
     stopping: dict
     failed: dict
+    news: asyncio.Event
 
     def reconcile(self, assignments: list[dict]) -> None:
         """Start what is assigned and not running; stop what runs and is not assigned; note
@@ -448,7 +450,7 @@ class Supervisor(Reconciles):
             try:
                 for name in unload:
                     failed = await unload_adapter(session, base, run.engine_kind, name)
-                    if not failed or "cannot be found" in failed:
+                    if not failed or failed.startswith("HTTP 404"):  # it holds none: gone
                         run.adapters = [a for a in (run.adapters or []) if a != name]
                 for name in load:
                     failed = await load_adapter(session, base, run.engine_kind, name, wanted[name])

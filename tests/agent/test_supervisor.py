@@ -192,10 +192,8 @@ def test_an_engine_is_told_to_sleep_and_to_wake_as_its_assignment_says(superviso
 
     assert asyncio.run(is_sleeping()) is True
     supervisor.reconcile([awake])
-    started = time.monotonic()
     asyncio.run(settle(supervisor, lambda: run.state == "Ready"))
-    assert time.monotonic() - started >= 0.5, "Ready only once the engine has woken"
-    assert asyncio.run(is_sleeping()) is False
+    assert asyncio.run(is_sleeping()) is False, "Ready once the engine says it is awake"
     assert process_alive(run.pid), "the same process throughout: no cold start"
 
 
