@@ -156,6 +156,12 @@ class Node:
         )
 
 
+def awake_mb(card_mb: int, gpu_memory_mb: int | None) -> int:
+    """GPU memory an engine takes awake: what its spec says, else vLLM's default share of the
+    card (0.9)."""
+    return gpu_memory_mb if gpu_memory_mb is not None else int(card_mb * 0.9)
+
+
 @dataclass
 class ModelSpec:
     name: str
@@ -222,9 +228,8 @@ class ModelSpec:
         return self.sleep_level is not None and self.engine not in SELF_WAKING
 
     def awake_mb(self, card_mb: int) -> int:
-        """GPU memory one of its engines takes awake on a card of `card_mb` (vLLM's default
-        share, 0.9, when the spec says nothing)."""
-        return self.gpu_memory_mb if self.gpu_memory_mb is not None else int(card_mb * 0.9)
+        """GPU memory one of its engines takes awake on a card of `card_mb`."""
+        return awake_mb(card_mb, self.gpu_memory_mb)
 
     def asleep_mb(self) -> int:
         """GPU memory it keeps asleep: CUDA context and graphs (1 GiB when not said)."""

@@ -11,7 +11,7 @@ from bisect import bisect_left, insort
 from collections import defaultdict
 from dataclasses import dataclass
 
-from controlplane.model import ModelSpec, Node, Schedulable, Slice
+from controlplane.model import ModelSpec, Node, Schedulable, Slice, awake_mb
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,11 @@ def free_gpus(
     gpu_class: str,
     held: set[tuple[str, int]],
     reserve: dict[tuple[str, int], int] | None = None,
-    awake_mb: int | None = None,
+    gpu_memory_mb: int | None = None,
 ) -> list[int]:
     """Healthy, unheld GPUs of `gpu_class` on `node`, by index. With `reserve` (MiB kept by
-    sleeping engines per GPU): only those where an awake engine taking `awake_mb` (None: 0.9
-    of the card) fits beside them, the least reserved first."""
+    sleeping engines per GPU): only those where an awake engine taking `gpu_memory_mb` (None:
+    the default share) fits beside them, the least reserved first."""
     reserve = reserve or {}
     free = [
         g.index
@@ -41,20 +41,22 @@ def free_gpus(
         if g.gpu_class == gpu_class
         and g.healthy
         and (node.name, g.index) not in held
-        and _fits(g.memory_mb, reserve.get((node.name, g.index), 0), awake_mb)
+        and fits_beside(g.memory_mb, reserve.get((node.name, g.index), 0), gpu_memory_mb)
     ]
     # Cards with the fewest sleepers first: sleepers spread over the cards, so that two
     # models wanted at once seldom need the same one awake.
     return sorted(free, key=lambda i: (reserve.get((node.name, i), 0), i))
 
 
-def _fits(card_mb: int, reserve: int, awake_mb: int | None) -> bool:
+def fits_beside(card_mb: int, reserve: int, gpu_memory_mb: int | None) -> bool:
+    """Whether an engine taking `gpu_memory_mb` awake (None: the default share) fits on a
+    card of `card_mb` beside `reserve` MiB of sleepers; a card whose size is not known takes
+    no sleeper beside an awake engine."""
     if reserve <= 0:
         return True
     if card_mb <= 0:
         return False
-    need = int(card_mb * 0.9) if awake_mb is None else awake_mb
-    return need + reserve <= card_mb
+    return awake_mb(card_mb, gpu_memory_mb) + reserve <= card_mb
 
 
 def place(spec: ModelSpec, count: int, nodes: list[Node], held: set[tuple[str, int]]) -> Outcome:
@@ -79,12 +81,12 @@ class Placer:
         self.reserve = {gpu: mb for gpu, mb in (reserve or {}).items() if mb > 0}
         self._by_class: dict[tuple[str, int | None], _Capacity] = {}
 
-    def capacity(self, gpu_class: str, awake_mb: int | None = None) -> _Capacity:
+    def capacity(self, gpu_class: str, gpu_memory_mb: int | None = None) -> _Capacity:
         # Engines of different sizes see different free cards only where sleepers are.
-        key = (gpu_class, awake_mb if self.reserve else None)
+        key = (gpu_class, gpu_memory_mb if self.reserve else None)
         if key not in self._by_class:
             self._by_class[key] = _Capacity(
-                gpu_class, self.nodes, self.held, self.reserve, awake_mb
+                gpu_class, self.nodes, self.held, self.reserve, gpu_memory_mb
             )
         return self._by_class[key]
 
@@ -113,7 +115,7 @@ class _Capacity:
         nodes: list[Node],
         held: set[tuple[str, int]],
         reserve: dict[tuple[str, int], int] | None = None,
-        awake_mb: int | None = None,
+        gpu_memory_mb: int | None = None,
     ) -> None:
         self.gpu_class = gpu_class
         self.free: dict[str, list[int]] = {}
@@ -134,7 +136,7 @@ class _Capacity:
             if not eligible(node):
                 continue
             self.usable += 1
-            free = free_gpus(node, gpu_class, held, reserve, awake_mb)
+            free = free_gpus(node, gpu_class, held, reserve, gpu_memory_mb)
             if not free:
                 continue
             self.free[node.name] = free

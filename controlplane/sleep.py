@@ -39,7 +39,7 @@ from controlplane.model import (
     ReplicaState,
 )
 from controlplane.model import format_duration as duration
-from controlplane.placement import eligible
+from controlplane.placement import eligible, fits_beside
 from controlplane.room import RoomInputs, residency, why_not
 
 Gpu = tuple[str, int]
@@ -83,6 +83,13 @@ class Memory:
                 self.sleepers_on[gpu].append(replica)
                 self.host_used[piece.node] += spec.host_mb(card_mb(nodes, gpu))
 
+    def copy(self) -> Memory:
+        copy = Memory()
+        copy.reserve.update(self.reserve)
+        copy.host_used.update(self.host_used)
+        copy.sleepers_on.update({gpu: list(on) for gpu, on in self.sleepers_on.items()})
+        return copy
+
     def remove(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
         for piece in replica.placement:
             for index in piece.gpus:
@@ -102,12 +109,8 @@ def memory_of(replicas: list[Replica], specs: dict[str, ModelSpec], nodes) -> Me
 
 
 def fits_awake(spec: ModelSpec, gpu: Gpu, nodes: dict[str, Node], reserve: int) -> bool:
-    """Whether an awake engine of `spec` fits on `gpu` beside `reserve` MiB of sleepers (a
-    card whose size is not known takes no sleeper beside an awake engine)."""
-    size = card_mb(nodes, gpu)
-    if size <= 0:
-        return reserve <= 0
-    return spec.awake_mb(size) + reserve <= size
+    """Whether an awake engine of `spec` fits on `gpu` beside `reserve` MiB of sleepers."""
+    return fits_beside(card_mb(nodes, gpu), reserve, spec.gpu_memory_mb)
 
 
 def host_short(replica: Replica, spec: ModelSpec, nodes: dict[str, Node], memory: Memory) -> dict:
@@ -280,11 +283,7 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
             final = final and blocker.permanent
     if blockers:
         return WakePlan(None, blockers=blockers, final=final)
-    trial = Memory()
-    trial.reserve.update(memory.reserve)
-    trial.host_used.update(memory.host_used)
-    for gpu, on in memory.sleepers_on.items():
-        trial.sleepers_on[gpu] = list(on)
+    trial = memory.copy()
     trial.remove(sleeper, inputs.specs[sleeper.model], nodes)
     moves = victim_moves(takeable, f"to wake {sleeper.id}", inputs, trial)
     moves = settled(moves + memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id}))
