@@ -188,20 +188,9 @@ class Fleet:
                 "name", f"an adapter is named {spec.name}: requests name one or the other"
             )
         current = self.specs.get(spec.name)
-        expected = body.get("generation") if isinstance(body, dict) else None
-        if expected and current is not None and expected != current.generation:
-            raise Conflict(
-                f"model {spec.name} is at generation {current.generation}, the "
-                f"change was made against {expected}: read it again and re-apply"
-            )
-        if expected and current is None:
-            raise Conflict(f"model {spec.name} does not exist any more (deleted meanwhile)")
-        if current is not None:
-            spec.generation = current.generation
-            if spec.to_dict() == current.to_dict():
-                return current, "unchanged"
-        spec.generation = (current.generation if current else 0) + 1
-        outcome = "configured" if current else "created"
+        outcome = next_generation("model", spec, current, body)
+        if outcome == "unchanged":
+            return current, outcome
         if dry_run:
             return spec, outcome
         self.store.put_spec(spec)
@@ -288,18 +277,9 @@ class Fleet:
         except SpecError as exc:
             raise BadRequest(exc.field, exc.message) from None
         current = self.adapters.get(adapter.name)
-        expected = body.get("generation") if isinstance(body, dict) else None
-        if expected and current is not None and expected != current.generation:
-            raise Conflict(
-                f"adapter {adapter.name} is at generation {current.generation}, the change was"
-                f" made against {expected}: read it again and re-apply"
-            )
-        if current is not None:
-            adapter.generation = current.generation
-            if adapter.to_dict() == current.to_dict():
-                return current, "unchanged"
-        adapter.generation = (current.generation if current else 0) + 1
-        outcome = "configured" if current else "created"
+        outcome = next_generation("adapter", adapter, current, body)
+        if outcome == "unchanged":
+            return current, outcome
         if dry_run:
             return adapter, outcome
         if current is not None and (current.source, current.base) != (adapter.source, adapter.base):
@@ -901,6 +881,26 @@ class Fleet:
                 [slot_id(r.id, a) for r in replicas for a in r.want_adapters], now
             ),
         )
+
+
+def next_generation(kind: str, new, current, body) -> str:
+    """Give `new` (a spec or an adapter) the generation after `current` (None: it is created)
+    and say what applying it does: created, configured or unchanged. Conflict when the change
+    was made against another generation than the stored one."""
+    expected = body.get("generation") if isinstance(body, dict) else None
+    if expected and current is not None and expected != current.generation:
+        raise Conflict(
+            f"{kind} {new.name} is at generation {current.generation}, the "
+            f"change was made against {expected}: read it again and re-apply"
+        )
+    if expected and current is None:
+        raise Conflict(f"{kind} {new.name} does not exist any more (deleted meanwhile)")
+    if current is not None:
+        new.generation = current.generation
+        if new.to_dict() == current.to_dict():
+            return "unchanged"
+    new.generation = (current.generation if current else 0) + 1
+    return "configured" if current else "created"
 
 
 def parse_node(body) -> Node:

@@ -300,3 +300,14 @@ def test_a_router_restart_never_makes_a_used_adapter_look_idle(served, clock):
     seconds, state = fleet.idle.idle_for(slot)
     assert str(state) == "at_least" and seconds < 60, "the bound restarts after the gap"
     assert holders(fleet, "a1"), "so it is not taken for new"
+
+
+def test_an_adapter_changed_against_another_generation_is_refused(served):
+    fleet, _, _ = served
+    stored, _ = fleet.apply_adapter(adapter("sql"))
+    fleet.apply_adapter(adapter("sql", priority=2))
+    with pytest.raises(Conflict, match="adapter sql is at generation 2"):
+        fleet.apply_adapter({**adapter("sql", priority=5), "generation": stored.generation})
+    with pytest.raises(Conflict, match="does not exist any more"):
+        fleet.apply_adapter({**adapter("gone"), "generation": 3})
+    assert fleet.adapters["sql"].priority == 2 and "gone" not in fleet.adapters
