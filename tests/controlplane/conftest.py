@@ -73,3 +73,30 @@ def make_fleet(tmp_path, clock):
     yield factory
     for store in opened:
         store.close()
+
+
+class ReportingRouter:
+    """One router's activity reports, as gpurouter sends them: the replicas (and adapter
+    slots) of the table it holds, watched since they appeared in it, with the uses, requests
+    in flight and requests waiting a test gives."""
+
+    def __init__(self, fleet, reconciler, name="edge"):
+        self.fleet, self.reconciler, self.name = fleet, reconciler, name
+        self.since = {}  # endpoint -> when this router's table first had it
+
+    def report(self, used=None, waiting=None, in_flight=None):
+        now = self.fleet.wall()
+        ids = [e["id"] for eps in self.reconciler.routes.routes.values() for e in eps]
+        self.since = {i: self.since.get(i, now) for i in ids}
+        self.fleet.idle.report(
+            {
+                "router": self.name,
+                "incarnation": "i1",
+                "uptime_s": 1000,
+                "route_version": self.reconciler.routes.version,
+                "used": used or {},
+                "watched": {i: now - self.since[i] for i in ids},
+                "in_flight": in_flight or {},
+                "waiting": waiting or {},
+            }
+        )

@@ -7,7 +7,7 @@ import pytest
 from controlplane.adapters import slot_id
 from controlplane.fleet import BadRequest, Conflict
 from controlplane.model import ReplicaState
-from tests.controlplane.conftest import make_node, spec
+from tests.controlplane.conftest import ReportingRouter, make_node, spec
 
 
 def base(**kw):
@@ -16,29 +16,6 @@ def base(**kw):
 
 def adapter(name, **kw):
     return {"kind": "adapter", "name": name, "base": "llama", "source": f"/loras/{name}", **kw}
-
-
-class Router:
-    def __init__(self, fleet, reconciler, name="edge"):
-        self.fleet, self.reconciler, self.name = fleet, reconciler, name
-        self.since = {}
-
-    def report(self, used=None, waiting=None, in_flight=None):
-        now = self.fleet.wall()
-        ids = [e["id"] for eps in self.reconciler.routes.routes.values() for e in eps]
-        self.since = {i: self.since.get(i, now) for i in ids}
-        self.fleet.idle.report(
-            {
-                "router": self.name,
-                "incarnation": "i1",
-                "uptime_s": 1000,
-                "route_version": self.reconciler.routes.version,
-                "used": used or {},
-                "watched": {i: now - self.since[i] for i in ids},
-                "in_flight": in_flight or {},
-                "waiting": waiting or {},
-            }
-        )
 
 
 def engines_obey(fleet, failing=()):
@@ -64,7 +41,7 @@ def served(make_fleet, clock):
     reconciler.tick()
     engines_obey(fleet)
     reconciler.tick()
-    router = Router(fleet, reconciler)
+    router = ReportingRouter(fleet, reconciler)
     router.report()
     return fleet, reconciler, router
 
@@ -151,7 +128,7 @@ def test_an_adapter_in_use_or_of_unknown_use_is_never_unloaded(served, clock):
     full(served, clock)
     fleet.apply_adapter(adapter("new"))
     in_flight = {slot_id(holders(fleet, n)[0], n): 1 for n in ("a1", "a2", "a3")}
-    silent = Router(fleet, reconciler, name="cut")
+    silent = ReportingRouter(fleet, reconciler, name="cut")
     silent.report()  # it has every slot in its table, then falls silent
     for _ in range(8):
         tick_for(fleet, reconciler, router, clock, 30, in_flight=in_flight, waiting={"new": 1})
@@ -182,14 +159,21 @@ def test_a_failed_load_is_shown_and_not_tried_again_there(served, clock):
     assert holders(fleet, "broken"), "applied again: tried again"
 
 
-def test_a_deleted_adapter_is_unloaded_everywhere_through_the_safe_stop(served, clock):
+def loaded_once(served, name) -> str:
+    """`name` applied, asked for, loaded on one replica and routed there: that replica."""
     fleet, reconciler, router = served
-    fleet.apply_adapter(adapter("sql"))
-    router.report(waiting={"sql": 1})
+    fleet.apply_adapter(adapter(name))
+    router.report(waiting={name: 1})
     reconciler.tick()
     engines_obey(fleet)
     reconciler.tick()
-    (holder,) = holders(fleet, "sql")
+    (holder,) = holders(fleet, name)
+    return holder
+
+
+def test_a_deleted_adapter_is_unloaded_everywhere_through_the_safe_stop(served, clock):
+    fleet, reconciler, router = served
+    holder = loaded_once(served, "sql")
     fleet.delete_adapter("sql")
     reconciler.tick()
     assert "sql" not in reconciler.routes.routes
@@ -205,12 +189,7 @@ def test_a_deleted_adapter_is_unloaded_everywhere_through_the_safe_stop(served, 
 
 def test_a_use_of_an_adapter_is_a_use_of_its_replica(served, clock):
     fleet, reconciler, router = served
-    fleet.apply_adapter(adapter("sql"))
-    router.report(waiting={"sql": 1})
-    reconciler.tick()
-    engines_obey(fleet)
-    reconciler.tick()
-    (holder,) = holders(fleet, "sql")
+    holder = loaded_once(served, "sql")
     tick_for(fleet, reconciler, router, clock, 5, in_flight={slot_id(holder, "sql"): 2})
     assert fleet.idle.in_flight()[holder] == 2, "nothing stops or sleeps a replica in use"
     tick_for(fleet, reconciler, router, clock, 5, used={slot_id(holder, "sql"): 1.0})

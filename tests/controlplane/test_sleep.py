@@ -7,7 +7,7 @@ import pytest
 from controlplane.fleet import BadRequest
 from controlplane.model import ReplicaState
 from controlplane.summary import replica_rows
-from tests.controlplane.conftest import make_node, spec
+from tests.controlplane.conftest import ReportingRouter, make_node, spec
 
 HOST_MB = 2 * 1024 * 1024  # 2 TiB, as an 8-GPU node has
 
@@ -25,33 +25,6 @@ def sleepy(name, **kw):
         "min_residency": "0s",
     }
     return spec(name=name, **{**body, **kw})
-
-
-class Router:
-    """One router's reports: which replicas it routes to, uses and holds requests for."""
-
-    def __init__(self, fleet, reconciler, name="edge"):
-        self.fleet, self.reconciler, self.name = fleet, reconciler, name
-        self.since = {}  # replica -> when this router's table first had it
-
-    def report(self, used=None, waiting=None, in_flight=None):
-        routes = self.reconciler.routes.routes
-        now = self.fleet.wall()
-        ids = [r["id"] for rs in routes.values() for r in rs]
-        self.since = {i: self.since.get(i, now) for i in ids}
-        watched = {i: now - self.since[i] for i in ids}
-        self.fleet.idle.report(
-            {
-                "router": self.name,
-                "incarnation": "i1",
-                "uptime_s": 1000,
-                "route_version": self.reconciler.routes.version,
-                "used": used or {},
-                "watched": watched,
-                "in_flight": in_flight or {},
-                "waiting": waiting or {},
-            }
-        )
 
 
 def agent_says(fleet, node_name, state_of):
@@ -82,7 +55,7 @@ def one_replica(fleet, model):
 def asleep_alpha(make_fleet, clock, host_mb=HOST_MB, **spec_fields):
     """alpha served, then unused past its sleep.after: on its way to sleep, if it may."""
     fleet, reconciler = make_fleet()
-    router = Router(fleet, reconciler)
+    router = ReportingRouter(fleet, reconciler)
     fleet.register(node(host_mb=host_mb))
     fleet.apply(sleepy("alpha", **spec_fields))
     reconciler.tick()
@@ -181,8 +154,8 @@ def test_a_replica_wanted_again_before_its_engine_sleeps_serves_at_once(make_fle
 
 def test_a_replica_of_unknown_use_never_sleeps(make_fleet, clock):
     fleet, reconciler = make_fleet()
-    router = Router(fleet, reconciler)
-    silent = Router(fleet, reconciler, name="cut")
+    router = ReportingRouter(fleet, reconciler)
+    silent = ReportingRouter(fleet, reconciler, name="cut")
     fleet.register(node())
     fleet.apply(sleepy("alpha"))
     reconciler.tick()
@@ -306,7 +279,7 @@ def test_an_engine_asleep_by_itself_is_ready_all_the_same(make_fleet, clock):
     """llama.cpp sleeps by itself and the next request wakes it: it is shown Asleep, but it
     stays routed, holds its card and is stopped by scale to zero like any Ready replica."""
     fleet, reconciler = make_fleet()
-    router = Router(fleet, reconciler)
+    router = ReportingRouter(fleet, reconciler)
     fleet.register(node())
     fleet.apply(spec(name="llama", engine="llama.cpp", min_replicas=0, scale_to_zero_after="60s"))
     reconciler.tick()
