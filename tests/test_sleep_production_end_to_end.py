@@ -1,8 +1,9 @@
-"""Sleeping engines in the configuration a platform team runs: PostgreSQL, two control planes
-with one token file and TLS, agents on their own node credentials, two routers. An idle engine
-sleeps; the leader is killed while it sleeps; the new leader, from what is stored, shows it
-Asleep and wakes it for the next request, through the router that parked it. Nothing is
-started cold. The wake is measured with tokens on, against the same engine's cold start."""
+"""Sleeping engines and adapters in the configuration a platform team runs: PostgreSQL, two
+control planes with one token file and TLS, agents on their own node credentials, two routers.
+An idle engine sleeps; the leader is killed while it sleeps; the new leader, from what is
+stored, shows it Asleep, and a request for an adapter of it, through the router that parked
+it, wakes it and has the adapter loaded there. Nothing is started cold. The wake is measured
+with tokens on, against the same engine's cold start."""
 
 from __future__ import annotations
 
@@ -26,15 +27,20 @@ DOZY = spec(
     min_residency="0s",
     engine="vllm",
     sleep={"level": 1, "after": "2s", "wake_timeout": "30s"},
-    command=[*engine(0, 4), "--startup-delay", str(COLD_START_S), "--wake-delay", "0.3"],
-)
+    max_adapters=2,
+    command=[
+        *engine(0, 4), "--startup-delay", str(COLD_START_S), "--wake-delay", "0.3",
+        "--max-loras", "2",
+    ],
+)  # fmt: skip
+SQL = {"kind": "adapter", "name": "dozy-sql", "base": "dozy", "source": "s3://loras/sql"}
 
 
 def rows(fleet: Production) -> list[dict]:
     return fleet.read("/v1/replicas?model=dozy")["items"]
 
 
-def test_a_sleeper_survives_a_failover_and_wakes_on_request_with_tokens_on(
+def test_a_sleeper_survives_a_failover_and_an_adapter_request_wakes_it_with_tokens_on(
     procs,
     tmp_path,
     database,  # noqa: F811
@@ -49,6 +55,7 @@ def test_a_sleeper_survives_a_failover_and_wakes_on_request_with_tokens_on(
     messages = [{"role": "user", "content": "hi"}]
     wait_until(lambda: "dozy" in [m.id for m in api.models.list()], what="dozy's route")
     api.chat.completions.create(model="dozy", messages=messages)
+    assert fleet.apply(SQL).exit_code == 0
 
     wait_until(lambda: rows(fleet)[0]["state"] == "Asleep", timeout=30, what="dozy asleep")
     leader = fleet.leader()
@@ -59,11 +66,14 @@ def test_a_sleeper_survives_a_failover_and_wakes_on_request_with_tokens_on(
     )
 
     started = time.monotonic()
-    answer = api.chat.completions.create(model="dozy", messages=messages)
+    answer = api.chat.completions.create(model="dozy-sql", messages=messages)
     wake = time.monotonic() - started
-    assert answer.choices[0].message.content
+    assert answer.model == "dozy-sql" and answer.choices[0].message.content
     (after,) = rows(fleet)
     assert after["id"] == first["id"] and after["state"] == "Ready", "woken, not started anew"
+    (sql,) = fleet.read("/v1/adapters")["items"]
+    assert [h["replica"] for h in sql["replicas"] if h["state"] == "Loaded"] == [first["id"]]
+    assert api.chat.completions.create(model="dozy", messages=messages).choices
     events = fleet.read("/v1/models/dozy")["events"]
     assert any("woken in" in e["message"] for e in events)
     assert not any(" placed on " in e["message"] for e in events), "no cold start"
@@ -71,6 +81,7 @@ def test_a_sleeper_survives_a_failover_and_wakes_on_request_with_tokens_on(
     assert 'gpufleet_wakes_total{model="dozy"} 1' in metrics
     assert 'gpufleet_sleeps_total{model="dozy"} 1' in metrics, "counted before the failover"
     print(
-        f"with tokens, TLS and PostgreSQL: first answer from sleep {wake:.2f} s (a failover"
-        f" before it); cold start, apply to Ready, {cold_start:.2f} s"
+        f"with tokens, TLS and PostgreSQL: first answer for an adapter of a sleeping base"
+        f" {wake:.2f} s (a failover before it; the base woken, the adapter loaded); cold start,"
+        f" apply to Ready, {cold_start:.2f} s"
     )
