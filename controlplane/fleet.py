@@ -30,8 +30,9 @@ from controlplane.model import (
 )
 from controlplane.records import ModelRecords, Reservation
 from controlplane.redact import keep_stored
-from controlplane.sleep import Memory, holds_card, memory_of
+from controlplane.sleep import Memory, memory_of
 from controlplane.store import Store
+from controlplane.view import FleetView, TickSettings, desired, held_gpus, reserved_gpus
 
 EVENTS_PER_MODEL = 50
 
@@ -248,8 +249,11 @@ class Fleet:
                 " new bounds",
             )
         if spec.replicas == replicas:
-            if spec.autoscaled:
-                self.set_scaled(name, None)  # the starting point again, wherever load took it
+            # The operator's count again, wherever load or idleness took it: a model scaled to
+            # zero by idleness starts again.
+            if name in self.scaled:
+                self.set_scaled(name, None)
+                self.event(name, f"scaled to {replicas} replica(s)")
             return spec
         updated = ModelSpec(
             **{**spec.to_dict(), "replicas": replicas, "generation": spec.generation + 1}
@@ -350,13 +354,7 @@ class Fleet:
         return adapter
 
     def wanted_adapters(self) -> dict[str, int]:
-        """adapter -> requests waiting for it, as `wanted` counts them for models."""
-        now = self.wall()
-        waiting = {m: n for m, n in self.idle.waiting(now).items() if m in self.adapters}
-        for name, at in self.demanded_at.items():
-            if name in self.adapters and now - at <= self.idle.live_window_s:
-                waiting[name] = max(waiting.get(name, 0), 1)
-        return {m: n for m, n in waiting.items() if n > 0}
+        return self.view().wanted_adapters()
 
     # nodes
 
@@ -390,17 +388,11 @@ class Fleet:
         self.credentials[name] = kept
 
     def delete_node(self, name: str) -> Node:
-        """An operator removes a node: its credential is revoked, its replicas are replaced
-        elsewhere (the agent, if it still runs, is refused from now on)."""
+        """An operator removes a node: its credential is revoked (the agent, if it still runs,
+        is refused from now on); the next tick fails its replicas, and their models place
+        others (controlplane/steps/nodes.py)."""
         node = self.node(name)
-        with self.store.batch():
-            for replica_id in list(self.on_node.get(name, ())):
-                replica = self.replicas[replica_id]
-                if replica.state in (ReplicaState.STOPPING, ReplicaState.RETIRING):
-                    self.remove_replica(replica_id)
-                elif replica.state != ReplicaState.FAILED:
-                    self.set_replica_state(replica, ReplicaState.FAILED, f"node {name} deleted")
-            self.store.delete_node(name)
+        self.store.delete_node(name)
         del self.nodes[name]
         self.credentials.pop(name)
         self.changed = True
@@ -467,9 +459,11 @@ class Fleet:
         replica = self.replicas.get(replica_id)
         if replica is None or node.name not in replica.nodes:
             return  # an agent's leftover: it is not assigned, the agent will stop it
+        leader = replica.placement[0].node == node.name
+        if replica.state == ReplicaState.FAILED and replica.lost and leader:
+            self._back_with_node(node, replica, report)
         if replica.state in (ReplicaState.STOPPING, ReplicaState.FAILED):
             return
-        leader = replica.placement[0].node == node.name
         if leader:
             self._adapter_report(replica, report)
         if replica.state == ReplicaState.RETIRING and report["state"] not in ("Failed", "Stopped"):
@@ -504,6 +498,25 @@ class Fleet:
             f"replica {replica.id} {replica.state}"
             + (f": {replica.reason}" if replica.reason else ""),
         )
+
+    def _back_with_node(self, node: Node, replica: Replica, report: dict) -> None:
+        """A replica lost with its node, whose engine its agent still runs: it is what its
+        agent says again, never stopped on the spot (routers that could still reach the node
+        may be streaming from it); its model's count keeps it or stops it, through the safe
+        stop where it had a route."""
+        if report["state"] not in ("Starting", "Ready", "Unhealthy"):
+            return
+        replica.lost = False
+        replica.state = ReplicaState(report["state"])
+        if replica.state == ReplicaState.READY and not replica.ready_at:
+            replica.ready_at = self.wall()
+        url = report.get("url") or replica.url
+        replica.url = url if isinstance(url, str) else ""
+        replica.reason = f"back with node {node.name}"
+        replica.updated_at = self.wall()
+        self.store.put_replica(replica)
+        self.changed = True
+        self.event(replica.model, f"replica {replica.id} {replica.state}: {replica.reason}")
 
     def _adapter_report(self, replica: Replica, report: dict) -> None:
         """What the engine holds, and why a load failed: stored when it changed."""
@@ -661,12 +674,7 @@ class Fleet:
     # acting on idle
 
     def desired(self, spec: ModelSpec) -> int:
-        """Replicas to keep now: the spec's, or fewer while idleness has scaled it down; an
-        autoscaled model's, anywhere within its bounds."""
-        kept = self.scaled.get(spec.name, spec.replicas)
-        if spec.autoscaled:
-            return min(kept, spec.ceiling)
-        return min(spec.replicas, kept)
+        return desired(spec, self.scaled)
 
     def set_window(self, model: str, window: Window | None) -> None:
         if self.windows.get(model) == window:
@@ -714,52 +722,21 @@ class Fleet:
         self.set_replica_state(replica, ReplicaState.WAKING, why)
 
     def demand(self, model: str, waiting: int) -> ModelSpec:
-        """A router holds `waiting` requests for `model`, which has no ready replica. A model
-        scaled down to zero wakes: back to max(min_replicas, 1), a retiring replica first."""
+        """A router holds `waiting` requests for `model`, which has no ready replica: kept as
+        a record; the next tick wakes a model at zero (controlplane/steps/models.py)."""
         spec = self.spec(model)
-        now = self.wall()
         if waiting > 0:
+            now = self.wall()
             self.demanded_at[model] = now
             self.demand_since.setdefault(model, now)
-        if spec.ceiling == 0 or self.desired(spec) > 0:
-            return spec  # at zero by the operator's word, or already on its way
-        self.woken_at[model] = now
-        target = max(spec.floor, 1)
-        kept_for_others = {v for r in self.reservations.values() for v in r.victims}
-        retiring = [
-            r
-            for r in self.replicas.values()
-            if r.model == model and r.state == ReplicaState.RETIRING and r.id not in kept_for_others
-        ]
-        for replica in retiring[:target]:
-            self.set_replica_state(replica, ReplicaState.READY, "woken before it stopped")
-        self.set_scaled(model, target)
-        self.event(model, f"woken by {waiting} waiting request(s): {target} replica(s)")
+            self.changed = True
         return spec
 
     def wanted(self) -> dict[str, int]:
-        """model -> requests waiting for it: what live routers report, and a model a router
-        asked for within the lease though no report counts it yet (at least 1)."""
-        now = self.wall()
-        waiting = dict(self.idle.waiting(now))
-        for model, at in self.demanded_at.items():
-            if now - at <= self.idle.live_window_s:
-                waiting[model] = max(waiting.get(model, 0), 1)
-        wanted = {m: n for m, n in waiting.items() if n > 0 and m in self.specs}
-        for name, n in self.wanted_adapters().items():
-            base = self.adapters[name].base
-            if not any(r.state == ReplicaState.READY for r in self.replicas_of(base)):
-                wanted[base] = wanted.get(base, 0) + n  # its base wakes, as for itself
-        return wanted
+        return self.view().wanted()
 
     def reserved_gpus(self, but_for: str | None = None) -> dict[tuple[str, int], str]:
-        """GPU -> the model it is kept for (every reservation except `but_for`'s)."""
-        return {
-            gpu: r.model
-            for r in self.reservations.values()
-            if r.model != but_for
-            for gpu in r.gpus()
-        }
+        return reserved_gpus(self.reservations, but_for)
 
     def _swapped_in(self, replica: Replica) -> None:
         """A replica placed on room made for it is Ready: the swap is done."""
@@ -840,17 +817,37 @@ class Fleet:
 
     def held_gpus(self) -> set[tuple[str, int]]:
         """GPUs an awake engine holds."""
-        return {
-            (piece.node, index)
-            for r in self.replicas.values()
-            if holds_card(r)
-            for piece in r.placement
-            for index in piece.gpus
-        }
+        return held_gpus(self.replicas.values())
 
     def sleepers(self) -> Memory:
         """What sleeping engines keep of each card's memory and each node's host memory."""
         return memory_of(list(self.replicas.values()), self.specs, self.nodes)
+
+    def view(self, route_version: int = 0, settings: TickSettings | None = None) -> FleetView:
+        """What a tick's steps read (controlplane/view.py): the tables themselves, not copies."""
+        return FleetView(
+            nodes=self.nodes,
+            replicas=self.replicas,
+            specs=self.specs,
+            idle=self.idle,
+            now=self.wall(),
+            clock=self.clock(),
+            adapters=self.adapters,
+            scaled=self.scaled,
+            reservations=self.reservations,
+            room=self.room,
+            reasons=self.reasons,
+            demand_since=self.demand_since,
+            demanded_at=self.demanded_at,
+            woken_at=self.woken_at,
+            windows=self.windows,
+            autoscale=self.autoscale,
+            adapter_reasons=self.adapter_reasons,
+            on_node=self.on_node,
+            of_model=self.of_model,
+            route_version=route_version,
+            settings=settings or TickSettings(),
+        )
 
     # views
 

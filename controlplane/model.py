@@ -281,6 +281,8 @@ class Replica:
     withdrawn_version: int = 0  # Retiring or going to sleep: the first route version without it
     adapters: list[str] = field(default_factory=list)
     adapter_failures: dict[str, str] = field(default_factory=dict)
+    # Failed with its node (NotReady): its engine may still run there and come back with it
+    lost: bool = False
 
     @property
     def gpu_count(self) -> int:
@@ -313,6 +315,7 @@ class Replica:
             "withdrawn_version": self.withdrawn_version,
             "adapters": list(self.adapters),
             "adapter_failures": dict(self.adapter_failures),
+            "lost": self.lost,
         }
 
     def copy(self) -> Replica:
@@ -338,6 +341,7 @@ class Replica:
             self.withdrawn_version,
             list(self.adapters),
             dict(self.adapter_failures),
+            self.lost,
         )
 
     @classmethod
