@@ -111,6 +111,7 @@ class Fleet:
             self._index(replica)
         self.reasons: dict[str, str] = {}
         self.events: dict[str, deque] = {}
+        self.leaving_specs: dict[str, ModelSpec] = {}  # deleted models' specs, while they stop
         # model -> replicas kept now, when idleness brought it below its spec's `replicas`
         self.scaled: dict[str, int] = store.load_scaled()
         # What the leader acts on between ticks, kept as records (controlplane/records.py)
@@ -196,6 +197,7 @@ class Fleet:
             return spec, outcome
         self.store.put_spec(spec)
         self.specs[spec.name] = spec
+        self.leaving_specs.pop(spec.name, None)
         if spec.autoscaled and current is not None and current.autoscaled:
             # An edit of an autoscaled model keeps what its load asked for, within the new
             # bounds: resetting it to `replicas` would stop replicas that are serving.
@@ -219,6 +221,10 @@ class Fleet:
             )
         self.store.delete_spec(name)
         del self.specs[name]
+        if self.of_model.get(name):
+            # Its replicas stop through the safe stop: their agents run them on this spec till
+            # then (kept in memory only: a restarted leader lets them go at once).
+            self.leaving_specs[name] = spec
         self.reasons.pop(name, None)
         self.events.pop(name, None)
         self.scaled.pop(name, None)
@@ -502,11 +508,10 @@ class Fleet:
     def _back_with_node(self, node: Node, replica: Replica, report: dict) -> None:
         """A replica lost with its node, whose engine its agent still runs: it is what its
         agent says again, never stopped on the spot (routers that could still reach the node
-        may be streaming from it); its model's count keeps it or stops it, through the safe
-        stop where it had a route."""
+        may be streaming from it); its model's count keeps it or stops it (before the replica
+        that replaced it), through the safe stop where it had a route."""
         if report["state"] not in ("Starting", "Ready", "Unhealthy"):
             return
-        replica.lost = False
         replica.state = ReplicaState(report["state"])
         if replica.state == ReplicaState.READY and not replica.ready_at:
             replica.ready_at = self.wall()
@@ -598,7 +603,7 @@ class Fleet:
             replica = self.replicas[replica_id]
             if replica.state not in RESIDENT or replica.state == ReplicaState.STOPPING:
                 continue
-            spec = self.specs.get(replica.model)
+            spec = self.specs.get(replica.model) or self.leaving_specs.get(replica.model)
             if spec is None:
                 continue
             for rank, piece in enumerate(replica.placement):
@@ -785,6 +790,7 @@ class Fleet:
             mine.pop(replica_id, None)
             if not mine:
                 self.of_model.pop(replica.model, None)
+                self.leaving_specs.pop(replica.model, None)
         self.idle.forget_replica(replica_id)
         self.changed = True
 

@@ -281,7 +281,7 @@ class Replica:
     withdrawn_version: int = 0  # Retiring or going to sleep: the first route version without it
     adapters: list[str] = field(default_factory=list)
     adapter_failures: dict[str, str] = field(default_factory=dict)
-    # Failed with its node (NotReady): its engine may still run there and come back with it
+    # Failed with its node (NotReady), its engine maybe still running there; or back with it
     lost: bool = False
 
     @property

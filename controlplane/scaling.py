@@ -53,11 +53,7 @@ def plan_stop_idle(fleet, models: list[str], idle_after_s: float | None, dry_run
         if models and spec.name not in models:
             continue
         threshold = idle_after_s or spec.scale_to_zero_after_s or spec.idle_after_s
-        ready = [
-            r
-            for r in fleet.replicas.values()
-            if r.model == spec.name and r.state == ReplicaState.READY
-        ]
+        ready = [r for r in fleet.replicas_of(spec.name) if r.state == ReplicaState.READY]
         ids = [r.id for r in ready]
         idle = fleet.idle.idle_map(ids)
         plan = plan_idle_stops(

@@ -11,8 +11,10 @@ woken from zero by demand; scaled to zero by idleness.
 | fewer, it does not fit, min_replicas 0, nobody   | at zero until a request comes, not an error |
 | waits, the fleet's cards could hold it           |                                             |
 | fewer, it does not fit                           | its reason says why                         |
-| more than it keeps                               | the least useful stop (not Ready, then the  |
-|                                                  | longest idle, then the newest): safe stop   |
+| more than it keeps                               | the least useful stop (not Ready, then one  |
+|                                                  | back with its node, then none in flight,    |
+|                                                  | then the longest idle, then the newest):    |
+|                                                  | the safe stop                               |
 | on a draining node                               | stopped once its replacements are Ready (or |
 |                                                  | at once when none fits)                      |
 | on a failed GPU                                  | stopped once its replacement is Ready       |
@@ -171,9 +173,19 @@ def _model(view: FleetView, spec, placer: Placer, wanted: dict, draining: set[st
     extra = len(staying) - desired
     if extra > 0:
         idle = view.idle.idle_map([r.id for r in staying], view.now)
+        in_flight = view.idle.in_flight(view.now)
 
         def usefulness(replica):
-            return (replica.id in ready, -idle[replica.id][0], -replica.created_at)
+            # One back with its node was replaced meanwhile: it makes way for its replacement.
+            # One carrying requests is drained last: one without any goes at once.
+            busy = in_flight.get(replica.id, 0) > 0
+            return (
+                replica.id in ready,
+                not replica.lost,
+                busy,
+                -idle[replica.id][0],
+                -replica.created_at,
+            )
 
         for replica in sorted(staying, key=usefulness)[:extra]:
             actions.append(Stop(replica.id, f"scaled down to {desired}"))

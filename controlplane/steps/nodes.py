@@ -70,13 +70,14 @@ def expired_failures(view: FleetView) -> list:
 
 def orphans(view: FleetView) -> list:
     """Replicas of deleted models: they stop (through the safe stop, so that their streams end
-    first); their failed records go."""
+    first); their failed records go, but for those lost with a node, which may come back with
+    it and be stopped then."""
     actions: list = []
     for replica in view.replicas.values():
         if replica.model in view.specs:
             continue
         if replica.state in PRESENT:
             actions.append(Stop(replica.id, "model deleted"))
-        elif replica.state == ReplicaState.FAILED:
-            actions.append(Forget(replica.id))
+        elif replica.state == ReplicaState.FAILED and not replica.lost:
+            actions.append(Forget(replica.id))  # a lost one may come back with its node
     return actions
