@@ -180,7 +180,8 @@ def plan_room(waiting: ModelSpec, inputs: RoomInputs) -> RoomPlan:
     may_lose_someday = {name: should[name] - spec.floor for name, spec in inputs.specs.items()}
 
     def priority(replica: Replica) -> int:
-        return inputs.specs[replica.model].priority
+        spec = inputs.specs.get(replica.model)
+        return spec.priority if spec is not None else 0  # its model is being deleted
 
     def idle_s(replica: Replica) -> float:
         return inputs.idle.get(replica.id, (0.0, IdleState.UNKNOWN))[0]

@@ -21,15 +21,25 @@ class StopPlan:
 
 
 def plan_idle_stops(
-    replicas: list, idle: dict, threshold_s: float, may_stop: int, silent_holders: dict
+    replicas: list,
+    idle: dict,
+    threshold_s: float,
+    may_stop: int,
+    silent_holders: dict,
+    in_flight: dict | None = None,
 ) -> StopPlan:
     """`replicas`: one model's Ready replicas; `may_stop`: how many it can lose before reaching
-    min_replicas; `silent_holders`: replica -> a silent router that has it in its table."""
+    min_replicas; `silent_holders`: replica -> a silent router that has it in its table;
+    `in_flight`: replica -> requests on it, summed over routers (a request in flight is a use,
+    whatever a router's last-use stamp says)."""
     candidates, refused = [], []
+    in_flight = in_flight or {}
     for replica in replicas:
         seconds, state = idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
         if replica.state != ReplicaState.READY:
             refused.append((replica.id, f"{replica.state}, not Ready"))
+        elif in_flight.get(replica.id):
+            refused.append((replica.id, f"{in_flight[replica.id]} request(s) in flight"))
         elif state == IdleState.UNKNOWN:
             holder = silent_holders.get(replica.id)
             why = f"silent router {holder} may be using it" if holder else "no live router"
@@ -57,7 +67,12 @@ def plan_stop_idle(fleet, models: list[str], idle_after_s: float | None, dry_run
         ids = [r.id for r in ready]
         idle = fleet.idle.idle_map(ids)
         plan = plan_idle_stops(
-            ready, idle, threshold, fleet.desired(spec) - spec.floor, fleet.idle.silent_holders(ids)
+            ready,
+            idle,
+            threshold,
+            fleet.desired(spec) - spec.floor,
+            fleet.idle.silent_holders(ids),
+            fleet.idle.in_flight(),
         )
         for replica in plan.stop:
             seconds, state = idle[replica.id]

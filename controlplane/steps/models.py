@@ -73,6 +73,7 @@ def at_zero(view: FleetView) -> list:
 def idle_stops(view: FleetView) -> list:
     """Models with `scale_to_zero_after`: replicas idle that long go, down to min_replicas."""
     actions: list = []
+    in_flight = None
     for spec in view.specs.values():
         after = spec.scale_to_zero_after_s
         if after is None:
@@ -83,7 +84,9 @@ def idle_stops(view: FleetView) -> list:
             continue
         ready = [r for r in view.replicas_of(spec.name) if r.state == ReplicaState.READY]
         idle = view.idle.idle_map([r.id for r in ready], view.now)
-        plan = plan_idle_stops(ready, idle, after, desired - spec.floor, {})
+        if in_flight is None:
+            in_flight = view.idle.in_flight(view.now)
+        plan = plan_idle_stops(ready, idle, after, desired - spec.floor, {}, in_flight)
         for replica in plan.stop:
             seconds, state = idle[replica.id]
             bound = "≥" if state == IdleState.AT_LEAST else ""
