@@ -1,7 +1,9 @@
-"""The control plane's working state and the operations that change it.
+"""The control plane's working state: its tables, their store, and the few operations on
+them that the executor, the API's intents and agents' reports share.
 
-Every operation validates first, writes to the store, then changes memory: what fails
-validation changes nothing, and what was acknowledged survives a restart.
+Every change writes to the store, then to memory; what was acknowledged survives a restart.
+Decisions are not made here (controlplane/steps/ makes them, controlplane/executor.py carries
+them out): operators' calls are in controlplane/intents.py, agents' in controlplane/reports.py.
 """
 
 from __future__ import annotations
@@ -11,45 +13,26 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from controlplane.adapters import Adapter, slot_id, validate_adapter
-from controlplane.auth import Credentials, new_credential
+from controlplane.adapters import Adapter, slot_id
+from controlplane.auth import Credentials
 from controlplane.autoscale import Window
+from controlplane.errors import BadRequest, Conflict, NotFound  # noqa: F401 (re-exported)
 from controlplane.histogram import SWAP_BUCKETS, WAKE_BUCKETS, Histogram
 from controlplane.idle import IdleState, IdleTracker, Router
+from controlplane.intents import Intents
 from controlplane.model import (
-    GPU,
-    RESIDENT,
-    SELF_WAKING,
     ModelSpec,
     Node,
     Replica,
     ReplicaState,
-    Schedulable,
-    SpecError,
-    validate_spec,
 )
 from controlplane.records import ModelRecords, Reservation
-from controlplane.redact import keep_stored
+from controlplane.reports import REPLICA_REPORT_STATES, AgentReports, parse_node  # noqa: F401
 from controlplane.sleep import Memory, memory_of
 from controlplane.store import Store
 from controlplane.view import FleetView, TickSettings, desired, held_gpus, reserved_gpus
 
 EVENTS_PER_MODEL = 50
-
-
-class NotFound(LookupError):
-    pass
-
-
-class Conflict(Exception):
-    pass
-
-
-class BadRequest(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-        self.message = message
 
 
 @dataclass
@@ -77,20 +60,10 @@ class FleetSnapshot:
     adapter_idle: dict[str, tuple[float, IdleState]] = field(default_factory=dict)
 
 
-REPLICA_REPORT_STATES = {
-    "Starting",
-    "Ready",
-    "Unhealthy",
-    "Failed",
-    "Stopping",
-    "Stopped",
-    "Asleep",  # its engine sleeps (told to, or by itself)
-    "Waking",  # told to wake, not yet healthy
-}
 SWAPS_KEPT = 1000
 
 
-class Fleet:
+class Fleet(Intents, AgentReports):
     def __init__(
         self, store: Store, idle: IdleTracker | None = None, clock=time.monotonic, wall=time.time
     ) -> None:
@@ -176,160 +149,7 @@ class Fleet:
         """What happened to a model, for `gpuctl models NAME` (kept in memory, the newest 50)."""
         self.events.setdefault(model, deque(maxlen=EVENTS_PER_MODEL)).append((self.wall(), message))
 
-    def apply(self, body, dry_run: bool = False) -> tuple[ModelSpec, str]:
-        """Create or update a model; returns the stored spec and created/configured/unchanged.
-        `dry_run`: validate and say what would happen, store nothing."""
-        try:
-            named = body.get("name") if isinstance(body, dict) else None
-            body = keep_stored(body, self.specs.get(named) if isinstance(named, str) else None)
-            spec = validate_spec(body)
-        except SpecError as exc:
-            raise BadRequest(exc.field, exc.message) from None
-        if spec.name in self.adapters:
-            raise BadRequest(
-                "name", f"an adapter is named {spec.name}: requests name one or the other"
-            )
-        current = self.specs.get(spec.name)
-        outcome = next_generation("model", spec, current, body)
-        if outcome == "unchanged":
-            return current, outcome
-        if dry_run:
-            return spec, outcome
-        self.store.put_spec(spec)
-        self.specs[spec.name] = spec
-        self.leaving_specs.pop(spec.name, None)
-        if spec.autoscaled and current is not None and current.autoscaled:
-            # An edit of an autoscaled model keeps what its load asked for, within the new
-            # bounds: resetting it to `replicas` would stop replicas that are serving.
-            kept = self.scaled.get(spec.name)
-            if kept is not None:
-                self.set_scaled(spec.name, min(max(kept, spec.floor), spec.ceiling))
-        else:
-            self.set_scaled(spec.name, None)
-        self.changed = True
-        self.event(spec.name, f"spec {outcome} (generation {spec.generation})")
-        return spec, outcome
-
-    def delete(self, name: str) -> ModelSpec:
-        spec = self.spec(name)
-        riding = sorted(a.name for a in self.adapters.values() if a.base == name)
-        if riding:
-            raise Conflict(
-                f"adapters use model {name} as their base ({', '.join(riding[:5])}"
-                + (f" and {len(riding) - 5} more" if len(riding) > 5 else "")
-                + "): delete them first"
-            )
-        self.store.delete_spec(name)
-        del self.specs[name]
-        if self.of_model.get(name):
-            # Its replicas stop through the safe stop: their agents run them on this spec till
-            # then (kept in memory only: a restarted leader lets them go at once).
-            self.leaving_specs[name] = spec
-        self.reasons.pop(name, None)
-        self.events.pop(name, None)
-        self.scaled.pop(name, None)
-        self.reservations.pop(name, None)
-        self.room.pop(name, None)
-        self.windows.pop(name, None)
-        self.autoscale.pop(name, None)
-        self.demand_since.pop(name, None)
-        self.demanded_at.pop(name, None)
-        self.woken_at.pop(name, None)
-        self.swap_totals.pop(name, None)
-        self.sleep_totals.pop(name, None)
-        self.wake_totals.pop(name, None)
-        self.changed = True
-        return spec
-
-    def scale(self, name: str, replicas, generation=None) -> ModelSpec:
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-            raise BadRequest("replicas", "must be a non-negative integer")
-        spec = self.spec(name)
-        if generation and generation != spec.generation:
-            raise Conflict(f"model {name} is at generation {spec.generation}, not {generation}")
-        if spec.autoscaled and not spec.floor <= replicas <= spec.ceiling:
-            raise BadRequest(
-                "replicas",
-                f"model {name} autoscales between min_replicas {spec.floor} and max_replicas"
-                f" {spec.ceiling}: scale it within them (the point it starts from), or apply"
-                " new bounds",
-            )
-        if spec.replicas == replicas:
-            # The operator's count again, wherever load or idleness took it: a model scaled to
-            # zero by idleness starts again.
-            if name in self.scaled:
-                self.set_scaled(name, None)
-                self.event(name, f"scaled to {replicas} replica(s)")
-            return spec
-        updated = ModelSpec(
-            **{**spec.to_dict(), "replicas": replicas, "generation": spec.generation + 1}
-        )
-        self.store.put_spec(updated)
-        self.specs[name] = updated
-        self.set_scaled(name, None)
-        self.changed = True
-        self.event(name, f"scaled from {spec.replicas} to {replicas} replica(s)")
-        return updated
-
-    def spec(self, name: str) -> ModelSpec:
-        try:
-            return self.specs[name]
-        except KeyError:
-            raise NotFound(f"model {name} not found") from None
-
     # adapters
-
-    def apply_adapter(self, body, dry_run: bool = False) -> tuple[Adapter, str]:
-        """Create or update an adapter; stored before the answer. Nothing restarts: its
-        holders load it again from a new source once the old one is unloaded."""
-        try:
-            adapter = validate_adapter(body, self.specs)
-        except SpecError as exc:
-            raise BadRequest(exc.field, exc.message) from None
-        current = self.adapters.get(adapter.name)
-        outcome = next_generation("adapter", adapter, current, body)
-        if outcome == "unchanged":
-            return current, outcome
-        if dry_run:
-            return adapter, outcome
-        if current is not None and (current.source, current.base) != (adapter.source, adapter.base):
-            # Loaded from the old source, or on the old base: unloaded, then loaded anew.
-            for replica in self.replicas.values():
-                if adapter.name in replica.want_adapters:
-                    self.unload_adapter(replica, adapter.name, "its source or base changed")
-        for replica in self.replicas.values():
-            if adapter.name in replica.adapter_failures:  # applied again: worth a new try
-                replica.adapter_failures = {
-                    k: v for k, v in replica.adapter_failures.items() if k != adapter.name
-                }
-                self.store.put_replica(replica)
-        self.adapters[adapter.name] = adapter
-        self.flush_records()
-        self.changed = True
-        self.event(adapter.name, f"adapter {outcome} (generation {adapter.generation})")
-        return adapter, outcome
-
-    def adapter(self, name: str) -> Adapter:
-        try:
-            return self.adapters[name]
-        except KeyError:
-            raise NotFound(f"adapter {name} not found") from None
-
-    def delete_adapter(self, name: str) -> Adapter:
-        """Gone from the routes now; each holder unloads it once its routers have dropped it."""
-        adapter = self.adapter(name)
-        del self.adapters[name]
-        for replica in self.replicas.values():
-            if name in replica.want_adapters:
-                self.unload_adapter(replica, name, "adapter deleted")
-        for kept in (self.adapter_loads, self.adapter_unloads, self.demand_since,
-                     self.demanded_at):  # fmt: skip
-            kept.pop(name, None)
-        self.adapter_reasons.pop(name, None)
-        self.events.pop(name, None)
-        self.flush_records()
-        self.changed = True
-        return adapter
 
     def load_adapter(self, replica: Replica, name: str) -> None:
         replica.want_adapters = [*replica.want_adapters, name]
@@ -351,304 +171,10 @@ class Fleet:
         self.changed = True
         self.event(name, f"unloading from {replica.id}: {why}; route withdrawn")
 
-    def adapter_demand(self, name: str, waiting: int) -> Adapter:
-        adapter = self.adapter(name)
-        if waiting > 0:
-            now = self.wall()
-            self.demanded_at[name] = now
-            self.demand_since.setdefault(name, now)
-        return adapter
-
     def wanted_adapters(self) -> dict[str, int]:
         return self.view().wanted_adapters()
 
     # nodes
-
-    def node(self, name: str) -> Node:
-        try:
-            return self.nodes[name]
-        except KeyError:
-            raise NotFound(f"node {name} not found") from None
-
-    def register(self, body) -> Node:
-        node = parse_node(body)
-        current = self.nodes.get(node.name)
-        if current is not None:
-            node.schedulable = current.schedulable  # operator states survive re-registration
-        node.ready = True
-        node.last_heartbeat = self.clock()
-        self.store.put_node(node)
-        self.nodes[node.name] = node
-        self.changed = True
-        return node
-
-    def issue_credential(self, name: str) -> str:
-        """A new credential bound to node `name`: returned once, kept as its digest."""
-        token, kept = new_credential()
-        self.keep_credential(name, kept)
-        return token
-
-    def keep_credential(self, name: str, kept: str) -> None:
-        """Bind the credential whose SHA-256 is `kept` to node `name`."""
-        self.store.put_credential(name, kept)
-        self.credentials[name] = kept
-
-    def delete_node(self, name: str) -> Node:
-        """An operator removes a node: its credential is revoked (the agent, if it still runs,
-        is refused from now on); the next tick fails its replicas, and their models place
-        others (controlplane/steps/nodes.py)."""
-        node = self.node(name)
-        self.store.delete_node(name)
-        del self.nodes[name]
-        self.credentials.pop(name)
-        self.changed = True
-        return node
-
-    def set_schedulable(self, name: str, state: Schedulable) -> Node:
-        node = self.node(name)
-        if node.schedulable != state:
-            node.schedulable = state
-            self.store.put_node(node)
-            self.changed = True
-        return node
-
-    def heartbeat(self, name: str, body) -> list[dict]:
-        """An agent's heartbeat: GPU health and its replicas' states; returns its assignments."""
-        node = self.node(name)
-        if not isinstance(body, dict):
-            raise BadRequest("heartbeat", "expected a JSON object")
-        gpus = body.get("gpus", None)
-        reports = body.get("replicas", {})
-        if gpus is not None:
-            health = parse_gpu_health(gpus)
-        if not isinstance(reports, dict):
-            raise BadRequest("replicas", "expected a map of replica id to its state")
-        for replica_id, report in reports.items():
-            if not isinstance(report, dict) or report.get("state") not in REPLICA_REPORT_STATES:
-                raise BadRequest(
-                    f"replicas.{replica_id}.state",
-                    f"one of {', '.join(sorted(REPLICA_REPORT_STATES))}",
-                )
-            loaded, failed = report.get("adapters", []), report.get("adapter_failures", {})
-            if not isinstance(loaded, list) or not all(isinstance(a, str) for a in loaded):
-                raise BadRequest(f"replicas.{replica_id}.adapters", "a list of adapter names")
-            if not isinstance(failed, dict):
-                raise BadRequest(
-                    f"replicas.{replica_id}.adapter_failures", "a map of adapter name to reason"
-                )
-        with self.store.batch():
-            changed_node = False
-            if gpus is not None:
-                # A new list of new GPUs, never a change in place: snapshots share the old one.
-                fresh = [
-                    gpu
-                    if health.get(gpu.index, (gpu.healthy, gpu.reason)) == (gpu.healthy, gpu.reason)
-                    else replace(gpu, healthy=health[gpu.index][0], reason=health[gpu.index][1])
-                    for gpu in node.gpus
-                ]
-                if any(a is not b for a, b in zip(fresh, node.gpus, strict=True)):
-                    node.gpus = fresh
-                    changed_node = True
-            if not node.ready:
-                node.ready = True
-                changed_node = True
-            if changed_node:
-                self.store.put_node(node)
-                self.changed = True
-            node.last_heartbeat = self.clock()
-            for replica_id, report in reports.items():
-                self._replica_report(node, replica_id, report)
-            self._forget_stopped(node, reports)
-        return self.assignments(name)
-
-    def _replica_report(self, node: Node, replica_id: str, report: dict) -> None:
-        replica = self.replicas.get(replica_id)
-        if replica is None or node.name not in replica.nodes:
-            return  # an agent's leftover: it is not assigned, the agent will stop it
-        leader = replica.placement[0].node == node.name
-        if replica.state == ReplicaState.FAILED and replica.lost and leader:
-            self._back_with_node(node, replica, report)
-        if replica.state in (ReplicaState.STOPPING, ReplicaState.FAILED):
-            return
-        if leader:
-            self._adapter_report(replica, report)
-        if replica.state == ReplicaState.RETIRING and report["state"] not in ("Failed", "Stopped"):
-            return  # Ready as far as its agent knows; retiring as far as the fleet goes
-        state = report["state"]
-        if leader:
-            state = self._self_sleep_report(replica, state)
-        if state not in ("Failed", "Stopped") and self._sleep_report(replica, state, leader):
-            return
-        if state == "Failed" or (state == "Stopped" and replica.state != ReplicaState.STOPPING):
-            replica.state = ReplicaState.FAILED
-            replica.exit_code = report.get("exit_code")
-            replica.reason = str(report.get("reason") or "the engine process exited")[:500]
-            replica.log_tail = str(report.get("log_tail") or "")[-4000:]
-        elif leader and state in ("Starting", "Ready", "Unhealthy"):
-            url = report.get("url") or replica.url
-            if (replica.state, replica.url) == (ReplicaState(state), url):
-                return
-            if state == "Ready" and replica.state != ReplicaState.READY:
-                replica.ready_at = self.wall()
-                self._swapped_in(replica)
-            replica.state = ReplicaState(state)
-            replica.url = url if isinstance(url, str) else ""
-            replica.reason = str(report.get("reason") or "")[:500]
-        else:
-            return
-        replica.updated_at = self.wall()
-        self.store.put_replica(replica)
-        self.changed = True
-        self.event(
-            replica.model,
-            f"replica {replica.id} {replica.state}"
-            + (f": {replica.reason}" if replica.reason else ""),
-        )
-
-    def _back_with_node(self, node: Node, replica: Replica, report: dict) -> None:
-        """A replica lost with its node, whose engine its agent still runs: it is what its
-        agent says again, never stopped on the spot (routers that could still reach the node
-        may be streaming from it); its model's count keeps it or stops it (before the replica
-        that replaced it), through the safe stop where it had a route."""
-        if report["state"] not in ("Starting", "Ready", "Unhealthy"):
-            return
-        replica.state = ReplicaState(report["state"])
-        if replica.state == ReplicaState.READY and not replica.ready_at:
-            replica.ready_at = self.wall()
-        url = report.get("url") or replica.url
-        replica.url = url if isinstance(url, str) else ""
-        replica.reason = f"back with node {node.name}"
-        replica.updated_at = self.wall()
-        self.store.put_replica(replica)
-        self.changed = True
-        self.event(replica.model, f"replica {replica.id} {replica.state}: {replica.reason}")
-
-    def _adapter_report(self, replica: Replica, report: dict) -> None:
-        """What the engine holds, and why a load failed: stored when it changed."""
-        loaded = report.get("adapters")
-        failures = report.get("adapter_failures") or {}
-        if loaded is None:
-            return
-        loaded = sorted(str(a) for a in loaded)
-        # Kept here, not only by the agent: a failed load stays failed on this replica until
-        # the adapter is applied again, so that nothing retries it in a loop.
-        failures = {
-            **replica.adapter_failures,
-            **{str(k): str(v)[:300] for k, v in failures.items()},
-        }
-        if (loaded, failures) == (sorted(replica.adapters), replica.adapter_failures):
-            return
-        for name, why in failures.items():
-            if name not in replica.adapter_failures:
-                self.event(name, f"failed to load on {replica.id}: {why}")
-        gone = set(replica.adapters) - set(loaded)
-        replica.unloading = {a: v for a, v in replica.unloading.items() if a not in gone}
-        # A failed load is not tried again there: the step leaves that replica out.
-        replica.want_adapters = [a for a in replica.want_adapters if a not in failures]
-        replica.adapters, replica.adapter_failures = loaded, failures
-        self.store.put_replica(replica)
-        self.changed = True
-
-    def _self_sleep_report(self, replica: Replica, state: str) -> str:
-        """An engine that sleeps by itself (llama.cpp) and wakes on the next request is Ready
-        asleep or awake: the flag is news for operators, not for routing, room or idleness.
-        Returns the state to act on."""
-        spec = self.specs.get(replica.model)
-        if spec is None or spec.engine not in SELF_WAKING or state not in ("Ready", "Asleep"):
-            return state
-        asleep = state == "Asleep"
-        if asleep != replica.engine_asleep:
-            replica.engine_asleep = asleep
-            self.store.put_replica(replica)
-            self.changed = True
-            news = "asleep by itself" if asleep else "woken by a request"
-            self.event(replica.model, f"replica {replica.id} {news}")
-        return "Ready"
-
-    def _sleep_report(self, replica: Replica, state: str, leader: bool) -> bool:
-        """Take what an agent says of an engine the fleet puts to sleep; True when that is all
-        there was to it (the report says nothing the fleet acts on, or the fleet acted on it
-        here)."""
-        sleep_states = (ReplicaState.SLEEPING, ReplicaState.ASLEEP, ReplicaState.WAKING)
-        if replica.state not in sleep_states:
-            return state in ("Asleep", "Waking")  # an engine catching up with its orders
-        if not leader:
-            return True
-        if replica.state == ReplicaState.SLEEPING and replica.sleep and state == "Asleep":
-            self.set_replica_state(replica, ReplicaState.ASLEEP, f"asleep at level {replica.sleep}")
-            self.sleep_totals[replica.model] = self.sleep_totals.get(replica.model, 0) + 1
-        elif replica.state == ReplicaState.WAKING and state == "Ready":
-            seconds = self.wall() - replica.woken_at
-            self.wake_seconds.observe(seconds)
-            self.wake_totals[replica.model] = self.wake_totals.get(replica.model, 0) + 1
-            replica.ready_at = self.wall()
-            self._swapped_in(replica)
-            self.set_replica_state(replica, ReplicaState.READY, f"woken in {seconds:.1f}s")
-        return True
-
-    def _forget_stopped(self, node: Node, reports: dict) -> None:
-        """A Stopping replica whose agents no longer run it is gone."""
-        for replica_id in list(self.on_node.get(node.name, ())):
-            replica = self.replicas[replica_id]
-            if replica.state != ReplicaState.STOPPING:
-                continue
-            if replica.id not in reports or reports[replica.id]["state"] == "Stopped":
-                self.remove_replica(replica.id)
-
-    def assignments(self, name: str) -> list[dict]:
-        """What the agent of `name` must run: one entry per replica slice on that node."""
-        self.node(name)
-        out = []
-        for replica_id in self.on_node.get(name, ()):
-            replica = self.replicas[replica_id]
-            if replica.state not in RESIDENT or replica.state == ReplicaState.STOPPING:
-                continue
-            spec = self.specs.get(replica.model) or self.leaving_specs.get(replica.model)
-            if spec is None:
-                continue
-            for rank, piece in enumerate(replica.placement):
-                if piece.node != name:
-                    continue
-                leader = self.nodes.get(replica.placement[0].node)
-                out.append(
-                    {
-                        "sleep": replica.sleep,
-                        "adapters": self._adapters_held(replica),
-                        "engine": spec.engine,
-                        "engine_endpoints": spec.engine_endpoints,
-                        "gpu_memory_utilization": self._memory_share(spec, piece),
-                        "replica": replica.id,
-                        "model": replica.model,
-                        "command": spec.command,
-                        "env": spec.env,
-                        "env_from": spec.env_from,
-                        "health_path": spec.health_path,
-                        "gpus": piece.gpus,
-                        "rank": rank,
-                        "nnodes": len(replica.placement),
-                        "master_addr": leader.address if leader else "",
-                    }
-                )
-        return out
-
-    def _adapters_held(self, replica: Replica) -> list[dict]:
-        """What the engine must hold: what it serves, and what it unloads only once every
-        router has dropped the route (a deleted adapter's source no longer matters)."""
-        names = [*replica.want_adapters, *replica.unloading]
-        return [
-            {"name": name, "source": self.adapters[name].source if name in self.adapters else ""}
-            for name in names
-        ]
-
-    def _memory_share(self, spec: ModelSpec, piece) -> str:
-        """The share of each card the engine may take awake, for {gpu_memory_utilization}:
-        what the spec asks for, of the smallest card it runs on."""
-        node = self.nodes.get(piece.node)
-        cards = [g.memory_mb for g in (node.gpus if node else []) if g.index in piece.gpus]
-        smallest = min((mb for mb in cards if mb > 0), default=0)
-        if not smallest:
-            return "0.9"
-        return f"{min(spec.awake_mb(smallest) / smallest, 1.0):.2f}"
 
     # replicas
 
@@ -701,58 +227,11 @@ class Fleet:
         self.store.put_scaled(model, replicas)
         self.changed = True
 
-    def retire(self, replica: Replica, why: str) -> None:
-        """Stop an idle replica safely, one fewer kept: see `withdraw`."""
-        spec = self.specs[replica.model]
-        self.set_scaled(replica.model, self.desired(spec) - 1)
-        self.withdraw(replica, why)
-
-    def withdraw(self, replica: Replica, why: str) -> None:
-        """The one safe stop of a Ready replica: its route goes now; it stops once every live
-        router has dropped it and has nothing in flight on it (the reconciler's
-        `_stop_retired`)."""
-        self.set_replica_state(replica, ReplicaState.RETIRING, why)
-
-    def put_to_sleep(self, replica: Replica, why: str, idle_s: float) -> None:
-        """The safe stop, ending in sleep: its route goes now; once every live router has
-        dropped it and has nothing in flight on it, its engine is told to sleep (the
-        reconciler's `_sleep_withdrawn`). `idle_s`: how long it has gone unused."""
-        replica.idle_at_sleep = max(0.0, idle_s)
-        self.set_replica_state(replica, ReplicaState.SLEEPING, f"{why}; route withdrawn")
-
-    def wake(self, replica: Replica, why: str) -> None:
-        """Tell a sleeper's engine to wake: Ready again once its health answers."""
-        replica.sleep = 0
-        replica.woken_at = self.wall()
-        self.set_replica_state(replica, ReplicaState.WAKING, why)
-
-    def demand(self, model: str, waiting: int) -> ModelSpec:
-        """A router holds `waiting` requests for `model`, which has no ready replica: kept as
-        a record; the next tick wakes a model at zero (controlplane/steps/models.py)."""
-        spec = self.spec(model)
-        if waiting > 0:
-            now = self.wall()
-            self.demanded_at[model] = now
-            self.demand_since.setdefault(model, now)
-            self.changed = True
-        return spec
-
     def wanted(self) -> dict[str, int]:
         return self.view().wanted()
 
     def reserved_gpus(self, but_for: str | None = None) -> dict[tuple[str, int], str]:
         return reserved_gpus(self.reservations, but_for)
-
-    def _swapped_in(self, replica: Replica) -> None:
-        """A replica placed on room made for it is Ready: the swap is done."""
-        swap = self.swapping.pop(replica.id, None)
-        if swap is None:
-            return
-        model, since = swap
-        now = self.wall()
-        self.swaps.append((now, model, now - since))
-        self.swap_seconds.observe(now - since)
-        self.swap_totals[model] = self.swap_totals.get(model, 0) + 1
 
     def set_reason(self, model: str, reason: str, quiet: bool = False) -> None:
         """Why some of `model`'s replicas cannot be placed ("" once they all are). `quiet`: the
@@ -884,84 +363,3 @@ class Fleet:
                 [slot_id(r.id, a) for r in replicas for a in r.want_adapters], now
             ),
         )
-
-
-def next_generation(kind: str, new, current, body) -> str:
-    """Give `new` (a spec or an adapter) the generation after `current` (None: it is created)
-    and say what applying it does: created, configured or unchanged. Conflict when the change
-    was made against another generation than the stored one."""
-    expected = body.get("generation") if isinstance(body, dict) else None
-    if expected and current is not None and expected != current.generation:
-        raise Conflict(
-            f"{kind} {new.name} is at generation {current.generation}, the "
-            f"change was made against {expected}: read it again and re-apply"
-        )
-    if expected and current is None:
-        raise Conflict(f"{kind} {new.name} does not exist any more (deleted meanwhile)")
-    if current is not None:
-        new.generation = current.generation
-        if new.to_dict() == current.to_dict():
-            return "unchanged"
-    new.generation = (current.generation if current else 0) + 1
-    return "configured" if current else "created"
-
-
-def parse_node(body) -> Node:
-    if not isinstance(body, dict):
-        raise BadRequest("node", "expected a JSON object")
-    for name in ("name", "address", "fabric"):
-        if not isinstance(body.get(name), str) or not body[name]:
-            raise BadRequest(name, "required, a non-empty string")
-    gpus = body.get("gpus")
-    if not isinstance(gpus, list):
-        raise BadRequest("gpus", "required, a list")
-    parsed = []
-    for i, gpu in enumerate(gpus):
-        if not isinstance(gpu, dict):
-            raise BadRequest(f"gpus[{i}]", "expected an object")
-        index, uuid_, gpu_class = gpu.get("index"), gpu.get("uuid"), gpu.get("gpu_class")
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise BadRequest(f"gpus[{i}].index", "a non-negative integer")
-        if not isinstance(uuid_, str) or not isinstance(gpu_class, str) or not gpu_class:
-            raise BadRequest(f"gpus[{i}]", "uuid and gpu_class are required strings")
-        parsed.append(
-            GPU(
-                index=index,
-                uuid=uuid_,
-                gpu_class=gpu_class,
-                memory_mb=int(gpu.get("memory_mb") or 0),
-                healthy=bool(gpu.get("healthy", True)),
-                reason=str(gpu.get("reason") or ""),
-            )
-        )
-    if len({g.index for g in parsed}) != len(parsed):
-        raise BadRequest("gpus", "two GPUs have the same index")
-    labels = body.get("labels") or {}
-    if not isinstance(labels, dict):
-        raise BadRequest("labels", "a map of strings")
-    host_memory = body.get("host_memory_mb", 0)
-    if isinstance(host_memory, bool) or not isinstance(host_memory, int) or host_memory < 0:
-        raise BadRequest("host_memory_mb", "a non-negative integer (MiB)")
-    return Node(
-        name=body["name"],
-        address=body["address"],
-        fabric=body["fabric"],
-        gpus=parsed,
-        labels={str(k): str(v) for k, v in labels.items()},
-        host_memory_mb=host_memory,
-    )
-
-
-def parse_gpu_health(gpus) -> dict[int, tuple[bool, str]]:
-    if not isinstance(gpus, list):
-        raise BadRequest("gpus", "expected a list of {index, healthy, reason}")
-    health = {}
-    for i, gpu in enumerate(gpus):
-        if (
-            not isinstance(gpu, dict)
-            or not isinstance(gpu.get("index"), int)
-            or not isinstance(gpu.get("healthy"), bool)
-        ):
-            raise BadRequest(f"gpus[{i}]", "needs index (integer) and healthy (boolean)")
-        health[gpu["index"]] = (gpu["healthy"], str(gpu.get("reason") or ""))
-    return health
