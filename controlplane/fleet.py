@@ -161,8 +161,7 @@ class Fleet(Intents, AgentReports):
 
     def unload_adapter(self, replica: Replica, name: str, why: str) -> None:
         """The safe stop of an adapter on one replica: its route there goes now; the engine
-        unloads it once no router may route to it there (the reconciler's
-        `_unload_withdrawn`)."""
+        unloads it once no router may route to it there (controlplane/steps/withdrawals.py)."""
         replica.want_adapters = [a for a in replica.want_adapters if a != name]
         if name in replica.adapters and name not in replica.unloading:
             replica.unloading = {**replica.unloading, name: 0}  # stamped once published

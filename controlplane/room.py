@@ -20,7 +20,7 @@ ones that exist, not the ones it should have) and whose priority is not above M'
 sets of victims that free one placement of M (on one node; or whole nodes of one fabric for a
 multi-node replica), the one with the fewest GPUs wins; then the one of the lowest
 priorities; then the longest idle. Victims then go through the safe stop protocol
-(the reconciler's business, not this module's).
+(controlplane/steps/rooms.py and the executor's business, not this module's).
 """
 
 from __future__ import annotations
