@@ -14,10 +14,19 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, never one this run handed out before: the kernel
+    may give a port just closed to the next bind, and two servers told the same port collide."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0):
