@@ -170,9 +170,6 @@ class Fleet(Intents, AgentReports):
         self.changed = True
         self.event(name, f"unloading from {replica.id}: {why}; route withdrawn")
 
-    def wanted_adapters(self) -> dict[str, int]:
-        return self.view().wanted_adapters()
-
     # nodes
 
     # replicas
@@ -225,9 +222,6 @@ class Fleet(Intents, AgentReports):
             self.scaled[model] = replicas
         self.store.put_scaled(model, replicas)
         self.changed = True
-
-    def wanted(self) -> dict[str, int]:
-        return self.view().wanted()
 
     def reserved_gpus(self, but_for: str | None = None) -> dict[tuple[str, int], str]:
         return reserved_gpus(self.reservations, but_for)

@@ -108,6 +108,7 @@ class AgentReports:
             return
         if state == "Failed" or (state == "Stopped" and replica.state != ReplicaState.STOPPING):
             replica.state = ReplicaState.FAILED
+            replica.lost = False  # its engine is gone, wherever its node is
             replica.exit_code = report.get("exit_code")
             replica.reason = str(report.get("reason") or "the engine process exited")[:500]
             replica.log_tail = str(report.get("log_tail") or "")[-4000:]

@@ -189,3 +189,14 @@ def test_a_step_reads_a_view_built_without_a_fleet():
     actions = models(view)
     assert [type(a) for a in actions].count(Place) == 2
     assert view.replicas == {}, "a step changes nothing"
+
+
+def test_a_replica_back_with_its_node_that_then_dies_stays_dead(make_fleet, clock):
+    """Its engine exits after the node came back: a later Ready report of the node does not
+    bring a dead replica back as if it were lost with the node."""
+    fleet, reconciler, lost = partitioned(make_fleet, clock)
+    back(fleet, lost)
+    fleet.heartbeat("n1", {"replicas": {lost: {"state": "Failed", "exit_code": -9}}})
+    assert fleet.replicas[lost].state == ReplicaState.FAILED
+    back(fleet, lost)
+    assert fleet.replicas[lost].state == ReplicaState.FAILED
