@@ -142,7 +142,9 @@ def plan_adapters(inputs: AdapterInputs) -> AdapterPlan:
         for name in r.want_adapters:
             if name not in inputs.adapters:
                 plan.unloads.append((name, r, "adapter deleted"))
-    freeing: set[str] = set()  # replicas an unload of this plan makes room on
+    # Replicas an unload makes room on: one of this plan, or one already under way (waiting
+    # for routers to drop the route), which the next load there waits for.
+    freeing = {r.id for rs in ready.values() for r in rs if r.unloading}
     order = sorted(
         inputs.adapters.values(),
         key=lambda a: (-a.priority, -inputs.waiting.get(a.name, 0), a.name),

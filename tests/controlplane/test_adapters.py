@@ -290,3 +290,20 @@ def test_an_adapter_changed_against_another_generation_is_refused(served):
     with pytest.raises(Conflict, match="does not exist any more"):
         fleet.apply_adapter({**adapter("gone"), "generation": 3})
     assert fleet.adapters["sql"].priority == 2 and "gone" not in fleet.adapters
+
+
+def test_an_unload_under_way_is_waited_for_not_doubled(served, clock):
+    """Room is being made for `new` and the unload waits for a request still in flight on
+    the victim: later ticks wait for it too, rather than unload a second adapter elsewhere."""
+    fleet, reconciler, router = served
+    full(served, clock)
+    fleet.apply_adapter(adapter("new"))
+    tick_for(fleet, reconciler, router, clock, 70, waiting={"new": 1})
+    (victim_replica,) = [r for r in fleet.replicas.values() if r.unloading]
+    (victim,) = victim_replica.unloading
+    busy = {slot_id(victim_replica.id, victim): 1}
+    for _ in range(3):
+        tick_for(fleet, reconciler, router, clock, 1, waiting={"new": 1}, in_flight=busy)
+    assert sum(fleet.adapter_unloads.values()) == 1
+    assert [r.id for r in fleet.replicas.values() if r.unloading] == [victim_replica.id]
+    assert "waiting for an unload to finish" in fleet.adapter_reasons["new"]
