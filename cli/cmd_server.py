@@ -7,7 +7,7 @@ import click
 
 from cli.listen import parse_listen
 from cli.paths import default_state_path
-from controlplane.model import parse_duration
+from controlplane.specs import parse_duration
 from controlplane.tokens import load_tokens
 
 

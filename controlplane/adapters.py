@@ -30,10 +30,8 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from controlplane.idle import SLOT_SEP, IdleState
-from controlplane.model import (
-    ModelSpec,
-    Replica,
-    ReplicaState,
+from controlplane.model import ModelSpec, Replica, ReplicaState
+from controlplane.specs import (
     SpecError,
     format_duration,
     parse_idle_after,

@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from controlplane.model import ModelSpec, format_duration
+from controlplane.model import ModelSpec
+from controlplane.specs import format_duration
 
 
 @dataclass

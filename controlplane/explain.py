@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from controlplane.model import ModelSpec
-from controlplane.model import format_duration as duration
 from controlplane.room import residency
+from controlplane.specs import format_duration as duration
 
 
 def explain(spec: ModelSpec, default_residency_s: float) -> list[str]:

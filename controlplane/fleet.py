@@ -20,12 +20,7 @@ from controlplane.errors import BadRequest, Conflict, NotFound  # noqa: F401 (re
 from controlplane.histogram import SWAP_BUCKETS, WAKE_BUCKETS, Histogram
 from controlplane.idle import IdleState, IdleTracker, Router
 from controlplane.intents import Intents
-from controlplane.model import (
-    ModelSpec,
-    Node,
-    Replica,
-    ReplicaState,
-)
+from controlplane.model import ModelSpec, Node, Replica, ReplicaState
 from controlplane.records import ModelRecords, Reservation
 from controlplane.reports import REPLICA_REPORT_STATES, AgentReports, parse_node  # noqa: F401
 from controlplane.sleep import Memory, memory_of

@@ -3,8 +3,8 @@
 Each call validates first, writes to the store, then changes memory: what fails validation
 changes nothing, and what was acknowledged survives a restart. A call records intent (a spec,
 a count, a drain, a demand); it changes no replica: the next tick's steps read it and decide
-(controlplane/steps/). The one exception is `retire`, the start of the safe stop that
-`gpuctl stop-idle` asks for on an operator's word.
+(controlplane/steps/). `gpuctl stop-idle`, an operator's word to stop at once, is planned
+as a step is and carried out by the executor (controlplane/scaling.py).
 """
 
 from __future__ import annotations
@@ -12,16 +12,9 @@ from __future__ import annotations
 from controlplane.adapters import Adapter, validate_adapter
 from controlplane.auth import new_credential
 from controlplane.errors import BadRequest, Conflict, NotFound
-from controlplane.model import (
-    ModelSpec,
-    Node,
-    Replica,
-    ReplicaState,
-    Schedulable,
-    SpecError,
-    validate_spec,
-)
+from controlplane.model import ModelSpec, Node, Schedulable
 from controlplane.redact import keep_stored
+from controlplane.specs import SpecError, validate_spec
 
 
 class Intents:
@@ -223,13 +216,6 @@ class Intents:
             self.store.put_node(node)
             self.changed = True
         return node
-
-    def retire(self, replica: Replica, why: str) -> None:
-        """Stop an idle replica safely, one fewer kept: its route goes now; it stops once every
-        live router has acknowledged a table without it and has nothing in flight on it."""
-        spec = self.specs[replica.model]
-        self.set_scaled(replica.model, self.desired(spec) - 1)
-        self.set_replica_state(replica, ReplicaState.RETIRING, why)
 
     def demand(self, model: str, waiting: int) -> ModelSpec:
         """A router holds `waiting` requests for `model`, which has no ready replica: kept as

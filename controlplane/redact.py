@@ -7,7 +7,8 @@ edited and applied again, changes only what was edited.
 
 from __future__ import annotations
 
-from controlplane.model import ModelSpec, SpecError
+from controlplane.model import ModelSpec
+from controlplane.specs import SpecError
 
 REDACTED = "<redacted>"
 

@@ -31,8 +31,8 @@ from itertools import combinations
 
 from controlplane.idle import IdleState
 from controlplane.model import HOLDING, ModelSpec, Node, Replica, ReplicaState, Slice
-from controlplane.model import format_duration as duration
 from controlplane.placement import eligible
+from controlplane.specs import format_duration as duration
 
 # Beyond this many candidates on one node the exact search (every subset) gives way to a
 # greedy one: a node holds a handful of replicas, so this is a bound, not a case.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controlplane.actions import Counted, SetScaled, Withdraw
 from controlplane.idle import IdleState
 from controlplane.model import ReplicaState
 
@@ -55,24 +56,27 @@ def plan_idle_stops(
     return StopPlan(chosen, refused)
 
 
-def plan_stop_idle(fleet, models: list[str], idle_after_s: float | None, dry_run: bool) -> dict:
-    """What `gpuctl stop-idle` stops (or would), the GPUs freed, and what it refused and why.
+def plan_stop_idle(view, models: list[str], idle_after_s: float | None) -> tuple[dict, list]:
+    """What `gpuctl stop-idle` stops, the GPUs freed, and what it refused and why; and the
+    actions that stop them (the executor's, as a tick's are: one stop path for every stop).
     The threshold: `idle_after_s`, else each model's scale_to_zero_after, else its idle_after."""
-    stopped, refused = [], []
-    for spec in sorted(fleet.specs.values(), key=lambda s: s.name):
+    stopped, refused, actions = [], [], []
+    in_flight = view.idle.in_flight(view.now)
+    for spec in sorted(view.specs.values(), key=lambda s: s.name):
         if models and spec.name not in models:
             continue
         threshold = idle_after_s or spec.scale_to_zero_after_s or spec.idle_after_s
-        ready = [r for r in fleet.replicas_of(spec.name) if r.state == ReplicaState.READY]
+        ready = [r for r in view.replicas_of(spec.name) if r.state == ReplicaState.READY]
         ids = [r.id for r in ready]
-        idle = fleet.idle.idle_map(ids)
+        idle = view.idle.idle_map(ids, view.now)
+        desired = view.desired(spec)
         plan = plan_idle_stops(
             ready,
             idle,
             threshold,
-            fleet.desired(spec) - spec.floor,
-            fleet.idle.silent_holders(ids),
-            fleet.idle.in_flight(),
+            desired - spec.floor,
+            view.idle.silent_holders(ids, view.now),
+            in_flight,
         )
         for replica in plan.stop:
             seconds, state = idle[replica.id]
@@ -85,13 +89,23 @@ def plan_stop_idle(fleet, models: list[str], idle_after_s: float | None, dry_run
                     "idle_state": str(state),
                 }
             )
-            if not dry_run:
-                bound = "≥" if state == IdleState.AT_LEAST else ""
-                fleet.retire(replica, f"stopped by an operator, idle {bound}{round(seconds)}s")
+            bound = "≥" if state == IdleState.AT_LEAST else ""
+            desired -= 1
+            actions += [
+                SetScaled(spec.name, desired),
+                Withdraw(replica.id, f"stopped by an operator, idle {bound}{round(seconds)}s"),
+                Counted("operator"),
+            ]
         refused += [{"id": rid, "model": spec.name, "why": why} for rid, why in plan.refused]
-    return {
-        "dry_run": dry_run,
-        "stopped": stopped,
-        "gpus_freed": sum(s["gpus"] for s in stopped),
-        "refused": refused,
-    }
+    outcome = {"stopped": stopped, "gpus_freed": sum(s["gpus"] for s in stopped)}
+    return {**outcome, "refused": refused}, actions
+
+
+def stop_idle(fleet, executor, models: list[str], idle_after_s: float | None, dry_run: bool):
+    """`gpuctl stop-idle`, on an operator's word: planned over the fleet as it is now, and
+    carried out by `executor` unless `dry_run`."""
+    view = fleet.view()
+    outcome, actions = plan_stop_idle(view, models, idle_after_s)
+    if not dry_run:
+        executor.apply(view, actions)
+    return {"dry_run": dry_run, **outcome}

@@ -31,16 +31,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from controlplane.idle import IdleState
-from controlplane.model import (
-    HOLDING,
-    ModelSpec,
-    Node,
-    Replica,
-    ReplicaState,
-)
-from controlplane.model import format_duration as duration
+from controlplane.model import HOLDING, ModelSpec, Node, Replica, ReplicaState
 from controlplane.placement import eligible, fits_beside
 from controlplane.room import RoomInputs, residency, why_not
+from controlplane.specs import format_duration as duration
 
 Gpu = tuple[str, int]
 # A fleet-driven sleeper: its memory is its reserve, its card is free for an awake replica.

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from controlplane.agent.supervisor import Reconciles, expand
+from controlplane.agent.processes import expand
+from controlplane.agent.supervisor import Reconciles
 from sim.engine import MAX_BODY, AdapterRefused, EngineSettings, SimEngine, errors_as_json
 
 log = logging.getLogger("gpufleet.agent")

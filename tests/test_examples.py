@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 
 from cli.cmd_apply import read_specs
-from controlplane.model import validate_spec
+from controlplane.specs import validate_spec
 from sim.fleet import load_fleet
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"

@@ -12,7 +12,8 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.agent.agent import ControlPlaneClient, Credential, NodeAgent
-from controlplane.agent.supervisor import EnginePorts, Supervisor
+from controlplane.agent.processes import EnginePorts
+from controlplane.agent.supervisor import Supervisor
 from controlplane.looplag import watch_loop_lag
 
 log = logging.getLogger("gpufleet.agent")

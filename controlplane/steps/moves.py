@@ -13,7 +13,7 @@ from __future__ import annotations
 from controlplane.actions import Counted, SetScaled, Sleep, Stop, Withdraw
 from controlplane.idle import IdleState
 from controlplane.model import ReplicaState
-from controlplane.model import format_duration as duration
+from controlplane.specs import format_duration as duration
 from controlplane.view import FleetView
 
 

@@ -39,11 +39,11 @@ from controlplane.actions import (
     Wake,
 )
 from controlplane.model import ReplicaState
-from controlplane.model import format_duration as duration
 from controlplane.placement import Placer, eligible
 from controlplane.records import Reservation
 from controlplane.room import plan_room
 from controlplane.sleep import memory_stops, settled, victim_moves
+from controlplane.specs import format_duration as duration
 from controlplane.steps.moves import carry_out
 from controlplane.steps.scaling import asking
 from controlplane.view import PRESENT, FleetView
@@ -93,8 +93,12 @@ def place_on_reserved(view: FleetView, model: str) -> list:
         return actions  # it found room elsewhere meanwhile
     nodes = ", ".join(piece.node for piece in kept.placement)
     return actions + [
-        Place(model, kept.placement, swap_since=kept.since,
-              why=f"placed on {nodes} after {victims} made way"),  # fmt: skip
+        Place(
+            model,
+            kept.placement,
+            swap_since=kept.since,
+            why=f"placed on {nodes} after {victims} made way",
+        ),  # fmt: skip
         SetWoken(model),  # not stopped for idleness before its time
         SetRoom(model, None),
         SetReason(model, ""),

@@ -36,9 +36,9 @@ from controlplane.actions import (
     Wake,
 )
 from controlplane.model import ReplicaState, Slice
-from controlplane.model import format_duration as duration
 from controlplane.records import Reservation
 from controlplane.sleep import plan_idle, plan_wake
+from controlplane.specs import format_duration as duration
 from controlplane.steps.moves import carry_out
 from controlplane.steps.scaling import asking
 from controlplane.view import LIVE, FleetView

@@ -7,7 +7,7 @@ import openai
 import pytest
 import yaml
 
-from controlplane.agent.supervisor import process_alive
+from controlplane.agent.processes import process_alive
 from tests.controlplane.conftest import spec
 from tests.harness import call, control_plane, free_port, wait_until
 

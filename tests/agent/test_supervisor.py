@@ -8,7 +8,8 @@ import time
 import aiohttp
 import pytest
 
-from controlplane.agent.supervisor import Supervisor, process_alive
+from controlplane.agent.processes import process_alive
+from controlplane.agent.supervisor import Supervisor
 
 ENGINE = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
 
@@ -133,7 +134,7 @@ def test_env_from_is_read_on_the_node_and_a_missing_source_fails_clearly(
 def test_engines_started_together_never_share_a_port(tmp_path, monkeypatch):
     """The kernel may offer a free port twice before the first engine binds it; as it did
     for two replicas of two simulated nodes of one agent, of which one then failed."""
-    from controlplane.agent import supervisor as module
+    from controlplane.agent import processes as module
 
     offered = iter([41001, 41001, 41001, 41002, 41001, 41002, 41003])
     monkeypatch.setattr(module, "free_port", lambda host="127.0.0.1": next(offered))
@@ -156,7 +157,7 @@ def test_engines_started_together_never_share_a_port(tmp_path, monkeypatch):
 
 
 def test_no_port_to_give_fails_the_replica_with_the_reason(tmp_path, monkeypatch):
-    from controlplane.agent import supervisor as module
+    from controlplane.agent import processes as module
 
     monkeypatch.setattr(module, "free_port", lambda host="127.0.0.1": 41001)
     ports = module.EnginePorts()

@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from controlplane.agent.supervisor import process_alive
+from controlplane.agent.processes import process_alive
 from tests.harness import BIN, free_port, wait_until
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 import pytest
 
-from controlplane.model import SpecError, parse_duration, validate_spec
+from controlplane.specs import SpecError, parse_duration, validate_spec
 from tests.controlplane.conftest import spec
 
 

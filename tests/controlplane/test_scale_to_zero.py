@@ -5,7 +5,7 @@ import pytest
 
 from controlplane.fleet import BadRequest
 from controlplane.model import ReplicaState
-from controlplane.scaling import plan_stop_idle
+from controlplane.scaling import stop_idle
 from tests.controlplane.conftest import make_node, spec
 from tests.controlplane.test_reconciler import ready_all
 
@@ -85,7 +85,7 @@ def test_unknown_use_is_never_stopped(sleepy):
     fleet.idle.report(report(list(fleet.replicas), router="other"))
     reconciler.tick()
     assert {r.state for r in fleet.replicas.values()} == {ReplicaState.READY}
-    dry = plan_stop_idle(fleet, [], None, dry_run=True)
+    dry = stop_idle(fleet, reconciler.executor, [], None, dry_run=True)
     assert dry["stopped"] == []
     assert {r["why"] for r in dry["refused"]} == {"use unknown: silent router cut may be using it"}
 
@@ -98,7 +98,7 @@ def test_a_silent_router_blocks_a_stop_already_under_way(sleepy):
     advance(fleet, clock, 5)
     fleet.idle.report(report([a, b], router="cut"))
     fleet.idle.report(report([a, b], router="other"))
-    plan_stop_idle(fleet, [], 1.0, dry_run=False)
+    stop_idle(fleet, reconciler.executor, [], 1.0, dry_run=False)
     assert {r.state for r in fleet.replicas.values()} == {ReplicaState.RETIRING}
     advance(fleet, clock, 11)  # "cut" stops reporting: silent, with both in its last table
     fleet.idle.report(report([], router="other"))
@@ -110,7 +110,8 @@ def test_a_silent_router_blocks_a_stop_already_under_way(sleepy):
 def test_demand_wakes_a_model_at_zero_a_retiring_replica_first(sleepy):
     fleet, reconciler, clock = sleepy
     a, b = sorted(fleet.replicas)
-    plan_stop_idle(fleet, [], 1.0, dry_run=False)  # nobody reported: unknown, nothing stops
+    # nobody reported: unknown, nothing stops
+    stop_idle(fleet, reconciler.executor, [], 1.0, dry_run=False)
     assert fleet.desired(fleet.specs["m"]) == 2
     fleet.idle.report(report([a, b]))
     advance(fleet, clock, 30)

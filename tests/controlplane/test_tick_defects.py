@@ -165,7 +165,7 @@ def test_demand_and_the_idle_plan_look_at_their_models_replicas_only(make_fleet)
     fleet.replicas = CountingDict(fleet.replicas)
     CountingDict.walks = 0
     fleet.demand("a", 1)
-    plan_stop_idle(fleet, [], 60.0, dry_run=True)
+    plan_stop_idle(fleet.view(), [], 60.0)
     assert CountingDict.walks == 0
 
 
@@ -173,7 +173,7 @@ def test_a_step_reads_a_view_built_without_a_fleet():
     from controlplane.actions import Place
     from controlplane.fleet import parse_node
     from controlplane.idle import IdleTracker
-    from controlplane.model import validate_spec
+    from controlplane.specs import validate_spec
     from controlplane.steps.models import models
     from controlplane.view import FleetView
 

@@ -177,9 +177,7 @@ class World:
             spec_ = fleet.specs.get(replica.model)
             if spec_ is not None:
                 ready = sum(
-                    1
-                    for r in fleet.replicas_of(replica.model)
-                    if r.state == ReplicaState.READY
+                    1 for r in fleet.replicas_of(replica.model) if r.state == ReplicaState.READY
                 )
                 assert ready >= spec_.floor, (replica.model, ready, spec_.floor)
         for model in fleet.specs.values():
