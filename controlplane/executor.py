@@ -25,24 +25,11 @@ class Executor:
         self.fleet = fleet
         self.stops: dict[str, int] = {}  # stops and sleeps decided, by what decided them
         self.view: FleetView | None = None
-        self._do = {
-            a.NodeLost: self.node_lost, a.Fail: self.fail, a.Forget: self.forget,
-            a.Place: self.place, a.Withdraw: self.withdraw, a.Stop: self.stop,
-            a.Drained: self.drained, a.Sleep: self.sleep, a.SleepEngine: self.sleep_engine,
-            a.Wake: self.wake, a.Revive: self.revive, a.Hold: self.hold,
-            a.Reserve: self.reserve, a.Release: self.release, a.SetScaled: self.set_scaled,
-            a.SetReason: self.set_reason, a.SetRoom: self.set_room,
-            a.SetDemandSince: self.set_demand_since, a.SetWoken: self.set_woken,
-            a.SetAutoscale: self.set_autoscale, a.LoadAdapter: self.load_adapter,
-            a.UnloadAdapter: self.unload_adapter, a.Unloaded: self.unloaded,
-            a.SetAdapterReason: self.set_adapter_reason, a.Counted: self.counted,
-            a.Event: self.event,
-        }  # fmt: skip
 
     def apply(self, view: FleetView, actions: list) -> None:
         self.view = view
         for action in actions:
-            self._do[type(action)](action)
+            HANDLERS[type(action)](self, action)
 
     def _replica(self, replica_id: str):
         return self.fleet.replicas.get(replica_id)
@@ -232,3 +219,35 @@ class Executor:
                 if fresh:
                     replica.unloading = {**replica.unloading, **dict.fromkeys(fresh, version)}
                 fleet.store.put_replica(replica)
+
+
+# Each action kind and the method that carries it out. Unbound, so that an executor is freed
+# with its term as soon as nothing uses it (bound methods held by it would be a cycle).
+HANDLERS = {
+    a.NodeLost: Executor.node_lost,
+    a.Fail: Executor.fail,
+    a.Forget: Executor.forget,
+    a.Place: Executor.place,
+    a.Withdraw: Executor.withdraw,
+    a.Stop: Executor.stop,
+    a.Drained: Executor.drained,
+    a.Sleep: Executor.sleep,
+    a.SleepEngine: Executor.sleep_engine,
+    a.Wake: Executor.wake,
+    a.Revive: Executor.revive,
+    a.Hold: Executor.hold,
+    a.Reserve: Executor.reserve,
+    a.Release: Executor.release,
+    a.SetScaled: Executor.set_scaled,
+    a.SetReason: Executor.set_reason,
+    a.SetRoom: Executor.set_room,
+    a.SetDemandSince: Executor.set_demand_since,
+    a.SetWoken: Executor.set_woken,
+    a.SetAutoscale: Executor.set_autoscale,
+    a.LoadAdapter: Executor.load_adapter,
+    a.UnloadAdapter: Executor.unload_adapter,
+    a.Unloaded: Executor.unloaded,
+    a.SetAdapterReason: Executor.set_adapter_reason,
+    a.Counted: Executor.counted,
+    a.Event: Executor.event,
+}

@@ -41,10 +41,11 @@ class Term:
             return False
 
     def __post_init__(self) -> None:
-        stats = self.stats
+        stats, routes = self.stats, self.reconciler.routes
+        # The closures hold what they read, not the term: a term no longer used is freed then.
         self.views = Views(
             self.fleet,
-            lambda: self.reconciler.routes.version,
+            lambda: routes.version,
             lambda: (stats["ticks"], stats["activity_reports"]),
         )
 
