@@ -38,31 +38,13 @@ async def post_demand(request: web.Request) -> web.Response:
     fleet = term(request).fleet
     if model in fleet.adapters:
         return await adapter_demand(request, model, waiting)
-    spec = fleet.demand(model, waiting)
+    fleet.demand(model, waiting)
     fleet.flush_records()  # stored before the answer, as every change is
-
-    def ready() -> int:
-        return sum(
-            1 for r in fleet.replicas.values() if r.model == model and r.state == ReplicaState.READY
-        )
-
-    if fleet.changed or not ready():
+    if fleet.changed or not fleet.ready_count(model):
         # Placed, or room made for it, by the next tick (paced as every tick is): the answer
         # carries the outcome.
         await term(request).after_next_tick(DEMAND_WAIT_S)
-    reason = fleet.reasons.get(model, "")
-    room = fleet.room.get(model)
-    return json_response(
-        {
-            "model": model,
-            "desired": fleet.desired(spec),
-            "ready": ready(),
-            "reason": reason,
-            # final: no room can be made for it (the router answers its requests now); else
-            # room is being made or may be later (the router keeps them waiting).
-            "final": bool(reason) and (room is None or room["final"]),
-        }
-    )
+    return json_response(fleet.demand_answer(model))
 
 
 async def adapter_demand(request: web.Request, name: str, waiting: int) -> web.Response:

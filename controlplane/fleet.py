@@ -198,6 +198,22 @@ class Fleet(Intents, AgentReports):
     def desired(self, spec: ModelSpec) -> int:
         return desired(spec, self.scaled)
 
+    def ready_count(self, model: str) -> int:
+        return sum(1 for r in self.replicas_of(model) if r.state == ReplicaState.READY)
+
+    def demand_answer(self, model: str) -> dict:
+        """What a router that holds requests for `model` is told: `final` when no room can
+        ever be made for it (the router answers its requests now); else they keep waiting."""
+        reason = self.reasons.get(model, "")
+        room = self.room.get(model)
+        return {
+            "model": model,
+            "desired": self.desired(self.specs[model]),
+            "ready": self.ready_count(model),
+            "reason": reason,
+            "final": bool(reason) and (room is None or room["final"]),
+        }
+
     def set_window(self, model: str, window: Window | None) -> None:
         if self.windows.get(model) == window:
             return

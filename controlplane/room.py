@@ -10,8 +10,12 @@ snapshot, beside placement and scaling.
 | waiting model, or a model with fewer Ready replicas than |                                     |
 | it keeps                                                |                                     |
 | only replicas protected for good stand (priority above  | final: M's requests are answered now |
-| M's, their model kept at min_replicas), or M fits       |                                     |
-| nowhere                                                 |                                     |
+| M's; their model at min_replicas with none to shed; M's  | (the reason names what blocks for    |
+| own serving replicas), or M fits nowhere                 | good, nothing else)                  |
+
+A replica on its way out passes, whoever's it is (M's own too: one that made way for another
+model frees its GPUs all the same), and so does one of a model with more replicas than it
+keeps (a scale-in sheds it): neither makes the answer final.
 
 A victim is a Ready replica of another model whose idle state is `exact` or `at_least` (never
 `unknown`), with no request in flight on any router, Ready for at least its model's
@@ -98,11 +102,35 @@ def ready_counts(replicas: list[Replica]) -> dict[str, int]:
     return counts
 
 
+def kept_counts(replicas: list[Replica]) -> dict[str, int]:
+    """model -> its replicas that hold GPUs and are not on their way out."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in replicas:
+        if r.state in HOLDING and r.state not in LEAVING:
+            counts[r.model] += 1
+    return counts
+
+
+def may_lose_someday(specs: dict, desired: dict, kept: dict[str, int]) -> dict[str, int]:
+    """model -> how many of its replicas may go some day: what it keeps above its floor, and
+    whatever it has beyond what it keeps (a scale-in sheds those anyway)."""
+    out = {}
+    for name, spec in specs.items():
+        should = desired.get(name, spec.replicas)
+        out[name] = max(0, should - spec.floor) + max(0, kept.get(name, 0) - should)
+    return out
+
+
 def why_not(
-    replica: Replica, waiting: ModelSpec, inputs: RoomInputs, ready: dict[str, int] | None = None
+    replica: Replica,
+    waiting: ModelSpec,
+    inputs: RoomInputs,
+    ready: dict[str, int] | None = None,
+    kept: dict[str, int] | None = None,
 ) -> Blocker | None:
     """None when `replica` may be taken for `waiting`, else what keeps it (on its own; the
-    model-wide min_replicas limit is counted per set). `ready`: ready_counts of the inputs."""
+    model-wide min_replicas limit is counted per set). `ready` and `kept`: ready_counts and
+    kept_counts of the inputs."""
     spec = inputs.specs.get(replica.model)
     if spec is None:
         return Blocker(replica.id, "its model is being deleted", False)
@@ -112,8 +140,12 @@ def why_not(
         return Blocker(
             replica.id, f"priority {spec.priority} above {waiting.name}'s {waiting.priority}", True
         )
-    if inputs.desired.get(spec.name, spec.replicas) <= spec.floor:
-        return Blocker(replica.id, f"min_replicas {spec.floor} keeps it", True)
+    should = inputs.desired.get(spec.name, spec.replicas)
+    if should <= spec.floor:
+        kept = kept_counts(inputs.replicas) if kept is None else kept
+        # for good only when its model has no replica to shed: a scale-in frees the rest
+        for_good = kept.get(spec.name, 0) <= should
+        return Blocker(replica.id, f"min_replicas {spec.floor} keeps it", for_good)
     if replica.state != ReplicaState.READY:
         return Blocker(replica.id, f"{replica.state}, not Ready", False)
     ready = ready_counts(inputs.replicas) if ready is None else ready
@@ -161,11 +193,11 @@ def plan_room(waiting: ModelSpec, inputs: RoomInputs) -> RoomPlan:
     }
     blockers: dict[str, Blocker] = {}
     takeable: dict[str, Replica] = {}
-    ready = ready_counts(inputs.replicas)
+    ready, kept = ready_counts(inputs.replicas), kept_counts(inputs.replicas)
     for replica in {r.id: r for r in held.values()}.values():
         if replica.model == waiting.name:
             continue
-        blocker = why_not(replica, waiting, inputs, ready)
+        blocker = why_not(replica, waiting, inputs, ready, kept)
         if blocker is None:
             takeable[replica.id] = replica
         else:
@@ -177,7 +209,6 @@ def plan_room(waiting: ModelSpec, inputs: RoomInputs) -> RoomPlan:
         name: min(should[name], ready.get(name, 0)) - spec.floor
         for name, spec in inputs.specs.items()
     }
-    may_lose_someday = {name: should[name] - spec.floor for name, spec in inputs.specs.items()}
 
     def priority(replica: Replica) -> int:
         spec = inputs.specs.get(replica.model)
@@ -194,13 +225,15 @@ def plan_room(waiting: ModelSpec, inputs: RoomInputs) -> RoomPlan:
     if best is not None:
         return RoomPlan(list(best.victims), best.placement)
     # Could it ever fit by taking room? Only if what stands in the way may pass: replicas
-    # young, busy, unknown or on their way in or out, and GPUs kept for another model (its
-    # reservation ends, in a placement or an expiry).
-    someday, _ = search(
-        lambda r: r.id in takeable or (r.id in blockers and not blockers[r.id].permanent),
-        may_lose_someday,
-        {},
-    )
+    # young, busy, unknown or on their way in or out (its own too: a replica of the waiting
+    # model that made way for another frees its GPUs all the same), and GPUs kept for another
+    # model (its reservation ends, in a placement or an expiry).
+    def may_pass(r: Replica) -> bool:
+        if r.model == waiting.name:
+            return r.state in LEAVING
+        return r.id in takeable or (r.id in blockers and not blockers[r.id].permanent)
+
+    someday, _ = search(may_pass, may_lose_someday(inputs.specs, inputs.desired, kept), {})
     ordered = sorted({b.replica: b for b in standing}.values(), key=lambda b: b.replica)
     return RoomPlan([], None, ordered, final=someday is None)
 

@@ -167,7 +167,9 @@ def take_room(view: FleetView, spec, why: str, placement_reason: str) -> list:
     plan = plan_room(spec, inputs)
     if plan.placement is None:
         if plan.final:
-            cannot = f"no room can be made: {plan.reason}" if plan.blockers else ""
+            # Only what blocks it for good: the rest would pass and still leave no room.
+            for_good = [str(b) for b in plan.blockers if b.permanent]
+            cannot = f"no room can be made: {'; '.join(for_good)}" if for_good else ""
             reason = "; ".join(x for x in (placement_reason, cannot) if x)
         else:
             reason = f"waiting for room: {plan.reason}"
