@@ -224,6 +224,7 @@ def plan_room(waiting: ModelSpec, inputs: RoomInputs) -> RoomPlan:
     best, standing = search(lambda r: r.id in takeable, may_lose, inputs.reserved)
     if best is not None:
         return RoomPlan(list(best.victims), best.placement)
+
     # Could it ever fit by taking room? Only if what stands in the way may pass: replicas
     # young, busy, unknown or on their way in or out (its own too: a replica of the waiting
     # model that made way for another frees its GPUs all the same), and GPUs kept for another

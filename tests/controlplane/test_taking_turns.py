@@ -133,8 +133,9 @@ def run(tmp_path, gap_s: float, rounds: int, residency: str = "2s") -> Router:
     fleet.register(make_node("n1", gpus=2))
     for name in ("a", "b"):
         fleet.apply(
-            spec(name=name, gpus_per_replica=2, replicas=1, min_replicas=0,
-                 min_residency=residency)  # fmt: skip
+            spec(
+                name=name, gpus_per_replica=2, replicas=1, min_replicas=0, min_residency=residency
+            )  # fmt: skip
         )
     agent, router = Agent(fleet, clock), Router(fleet, reconciler, clock)
     start = clock()
