@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 ONE_NODE = {"fabrics": [{"name": "ib-a", "nodes": 1, "gpu_class": "H100-80GB", "gpus_per_node": 2}]}
 STARTUP_S = 1.0
 RESIDENCY_S = 3.0
+ASKED_IN_TURN = 12
 
 
 def whole_node_spec(name, startup_s=STARTUP_S, **fields):
@@ -201,3 +202,29 @@ def test_a_higher_priority_takes_room_from_a_lower_and_never_the_reverse(procs, 
     call("POST", fleet.url + "/v1/models", whole_node_spec("vip", priority=-1))
     status, _, body = post(router + "/v1/chat/completions", chat("low"), timeout=30)
     assert status == 200, body
+
+
+def test_two_models_asked_for_in_turn_a_few_seconds_apart_are_all_served(procs, tmp_path):
+    """Each request comes while the other model still holds the cards, or is on its way in
+    or out: every one waits its turn; none is told the model cannot be started."""
+    turns = {"min_residency": "2s"}
+    fleet = start(procs, tmp_path, startup_s=3.0, alpha=turns, beta=turns)
+    router, _ = procs.router("--control-plane", fleet.url)  # the default pacing
+    api = openai.OpenAI(base_url=router + "/v1", api_key="-", max_retries=0, timeout=90)
+    outcomes: dict[int, str] = {}
+
+    def ask(i: int, name: str) -> None:
+        try:
+            api.chat.completions.create(model=name, messages=[], max_tokens=2)
+            outcomes[i] = "served"
+        except openai.APIStatusError as exc:
+            outcomes[i] = f"{exc.status_code}: {exc.message}"
+
+    threads = []
+    for i in range(ASKED_IN_TURN):
+        threads.append(threading.Thread(target=ask, args=(i, ("beta", "alpha")[i % 2])))
+        threads[-1].start()
+        time.sleep(3.0)
+    for thread in threads:
+        thread.join(timeout=120)
+    assert outcomes == dict.fromkeys(range(ASKED_IN_TURN), "served"), outcomes
