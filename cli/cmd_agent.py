@@ -10,6 +10,7 @@ import click
 
 from cli.listen import parse_listen
 from cli.paths import state_dir
+from controlplane.orders import WATCH_S
 from controlplane.tokens import load_tokens
 
 
@@ -49,6 +50,13 @@ from controlplane.tokens import load_tokens
 @click.option("--state-dir", "state_path", default=None, help="Replica records and logs.")
 @click.option("--heartbeat", "heartbeat_s", default=2.0, show_default=True)
 @click.option(
+    "--watch",
+    "watch_s",
+    default=WATCH_S,
+    show_default=True,
+    help="Seconds one watch of this node's orders waits for news (0: heard by heartbeats only).",
+)
+@click.option(
     "--stop-grace",
     default=30.0,
     show_default=True,
@@ -76,6 +84,7 @@ def agent(
     fabric,
     state_path,
     heartbeat_s,
+    watch_s,
     stop_grace,
     admin_listen,
     stop_replicas_on_exit,
@@ -134,5 +143,6 @@ def agent(
             stop_replicas_on_exit,
             ssl.create_default_context(cafile=ca_file) if ca_file else None,
             in_process,
+            watch_s=watch_s,
         )
     )

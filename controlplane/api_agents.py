@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
+
 from aiohttp import web
 
 from controlplane.apihttp import (
     CALLER_KEY,
+    LEADERSHIP_KEY,
     TOKENS_KEY,
     ApiError,
     body_of,
     json_response,
     term,
+    unavailable,
     wake,
 )
 from controlplane.auth import Denied
+from controlplane.orders import MAX_WAIT_S, digest
 
 HEX = frozenset("0123456789abcdef")
 
@@ -79,9 +85,39 @@ async def heartbeat(request: web.Request) -> web.Response:
     assignments = fleet.heartbeat(request.match_info["name"], await body_of(request))
     if fleet.changed:
         wake(request)
-    return json_response({"assignments": assignments})
+    return json_response(orders_answer(fleet, assignments))
+
+
+def orders_answer(fleet, assignments: list[dict]) -> dict:
+    return {
+        "assignments": assignments,
+        "orders": fleet.orders.version,
+        "digest": digest(assignments),
+    }
 
 
 async def get_assignments(request: web.Request) -> web.Response:
-    fleet = term(request).fleet
-    return json_response({"assignments": fleet.assignments(request.match_info["name"])})
+    """A node's assignments; with `digest` (of the assignments its agent holds), a watch: the
+    answer waits up to `wait` seconds for them to differ (controlplane/orders.py)."""
+    current = term(request)
+    fleet, name = current.fleet, request.match_info["name"]
+    held = request.query.get("digest")
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        wait = math.nan
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise ApiError(
+            400, f"wait: a number of seconds from 0 to {MAX_WAIT_S:g}", "invalid_request", "wait"
+        )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    assignments = fleet.assignments(name)
+    while held is not None and digest(assignments) == held:
+        left = deadline - loop.time()
+        if left <= 0 or not await fleet.orders.changed(name, left):
+            break
+        if request.app[LEADERSHIP_KEY].term is not current:
+            return unavailable("this server no longer leads: watch the leader")
+        assignments = fleet.assignments(name)
+    return json_response(orders_answer(fleet, assignments))

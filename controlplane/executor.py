@@ -181,7 +181,7 @@ class Executor:
         if replica is None:
             return
         replica.unloading = {k: v for k, v in replica.unloading.items() if k not in act.adapters}
-        self.fleet.store.put_replica(replica)
+        self.fleet.put_replica(replica)
         self.fleet.changed = True
         for name in act.adapters:
             self.fleet.event(name, f"unloaded from {replica.id}: no router holds it there")
@@ -218,7 +218,7 @@ class Executor:
                     replica.withdrawn_version = version
                 if fresh:
                     replica.unloading = {**replica.unloading, **dict.fromkeys(fresh, version)}
-                fleet.store.put_replica(replica)
+                fleet.put_replica(replica)
 
 
 # Each action kind and the method that carries it out. Unbound, so that an executor is freed

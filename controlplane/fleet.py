@@ -21,6 +21,7 @@ from controlplane.histogram import SWAP_BUCKETS, WAKE_BUCKETS, Histogram
 from controlplane.idle import IdleState, IdleTracker, Router
 from controlplane.intents import Intents
 from controlplane.model import ModelSpec, Node, Replica, ReplicaState
+from controlplane.orders import Orders
 from controlplane.records import ModelRecords, Reservation
 from controlplane.reports import REPLICA_REPORT_STATES, AgentReports, parse_node  # noqa: F401
 from controlplane.sleep import Memory, memory_of
@@ -125,6 +126,7 @@ class Fleet(Intents, AgentReports):
             node.last_heartbeat = started
         self.version = 0
         self.changed = True  # tells the reconciler to look again
+        self.orders = Orders()  # agents' watches of their assignments (controlplane/orders.py)
 
     @property
     def changed(self) -> bool:
@@ -149,7 +151,7 @@ class Fleet(Intents, AgentReports):
     def load_adapter(self, replica: Replica, name: str) -> None:
         replica.want_adapters = [*replica.want_adapters, name]
         replica.adapter_failures = {k: v for k, v in replica.adapter_failures.items() if k != name}
-        self.store.put_replica(replica)
+        self.put_replica(replica)
         self.adapter_loads[name] = self.adapter_loads.get(name, 0) + 1
         self.changed = True
         self.event(name, f"loading on {replica.id}")
@@ -160,7 +162,7 @@ class Fleet(Intents, AgentReports):
         replica.want_adapters = [a for a in replica.want_adapters if a != name]
         if name in replica.adapters and name not in replica.unloading:
             replica.unloading = {**replica.unloading, name: 0}  # stamped once published
-        self.store.put_replica(replica)
+        self.put_replica(replica)
         self.adapter_unloads[name] = self.adapter_unloads.get(name, 0) + 1
         self.changed = True
         self.event(name, f"unloading from {replica.id}: {why}; route withdrawn")
@@ -178,7 +180,7 @@ class Fleet(Intents, AgentReports):
             created_at=now,
             updated_at=now,
         )
-        self.store.put_replica(replica)
+        self.put_replica(replica)
         self.replicas[replica.id] = replica
         self._index(replica)
         self.changed = True
@@ -257,15 +259,22 @@ class Fleet(Intents, AgentReports):
         replica.state = state
         replica.reason = reason
         replica.updated_at = self.wall()
-        self.store.put_replica(replica)
+        self.put_replica(replica)
         self.changed = True
         self.event(
             replica.model, f"replica {replica.id} {state}" + (f": {reason}" if reason else "")
         )
 
+    def put_replica(self, replica: Replica) -> None:
+        """Store `replica` as it now is; its nodes' agents hear of it (controlplane/orders.py)."""
+        self.store.put_replica(replica)
+        self.orders.touched(replica.nodes)
+
     def remove_replica(self, replica_id: str) -> None:
         self.store.delete_replica(replica_id)
         replica = self.replicas.pop(replica_id, None)
+        if replica is not None:
+            self.orders.touched(replica.nodes)
         for node in replica.nodes if replica is not None else ():
             self.on_node.get(node, {}).pop(replica_id, None)
         if replica is not None:

@@ -144,7 +144,7 @@ class Intents:
                 replica.adapter_failures = {
                     k: v for k, v in replica.adapter_failures.items() if k != adapter.name
                 }
-                self.store.put_replica(replica)
+                self.put_replica(replica)
         self.adapters[adapter.name] = adapter
         self.flush_records()
         self.changed = True
@@ -206,6 +206,7 @@ class Intents:
         self.store.delete_node(name)
         del self.nodes[name]
         self.credentials.pop(name)
+        self.orders.touched((name,))  # its watch hears it is gone
         self.changed = True
         return node
 

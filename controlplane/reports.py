@@ -125,7 +125,7 @@ class AgentReports:
         else:
             return
         replica.updated_at = self.wall()
-        self.store.put_replica(replica)
+        self.put_replica(replica)
         self.changed = True
         self.event(
             replica.model,
@@ -147,7 +147,7 @@ class AgentReports:
         replica.url = url if isinstance(url, str) else ""
         replica.reason = f"back with node {node.name}"
         replica.updated_at = self.wall()
-        self.store.put_replica(replica)
+        self.put_replica(replica)
         self.changed = True
         self.event(replica.model, f"replica {replica.id} {replica.state}: {replica.reason}")
 
@@ -174,7 +174,7 @@ class AgentReports:
         # A failed load is not tried again there: the step leaves that replica out.
         replica.want_adapters = [a for a in replica.want_adapters if a not in failures]
         replica.adapters, replica.adapter_failures = loaded, failures
-        self.store.put_replica(replica)
+        self.put_replica(replica)
         self.changed = True
 
     def _self_sleep_report(self, replica: Replica, state: str) -> str:
@@ -187,7 +187,7 @@ class AgentReports:
         asleep = state == "Asleep"
         if asleep != replica.engine_asleep:
             replica.engine_asleep = asleep
-            self.store.put_replica(replica)
+            self.put_replica(replica)
             self.changed = True
             news = "asleep by itself" if asleep else "woken by a request"
             self.event(replica.model, f"replica {replica.id} {news}")

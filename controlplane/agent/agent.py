@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 from pathlib import Path
 from typing import Protocol
 
@@ -13,8 +14,10 @@ import aiohttp
 
 from controlplane.agent.supervisor import Supervisor
 from controlplane.auth import digest, new_credential
+from controlplane.orders import WATCH_S
 
 log = logging.getLogger("gpufleet.agent")
+WATCH_MARGIN_S = 5.0  # past its wait, an unanswered watch is given up and asked again
 
 
 class Inventory(Protocol):
@@ -36,9 +39,17 @@ class ControlPlaneClient:
     sends it, and tries the next after a failure: a failover costs it one heartbeat."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, servers: str, token: str | None, ssl=None
+        self,
+        session: aiohttp.ClientSession,
+        servers: str,
+        token: str | None,
+        ssl=None,
+        watch_session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.session = session
+        # The watches' own pool: thousands of simulated nodes' parked watches must not hold
+        # every connection the heartbeats need.
+        self.watch_session = watch_session or session
         self.servers = [url.strip().rstrip("/") for url in servers.split(",") if url.strip()]
         self.current = 0
         self.token = token  # the agent (bootstrap) token
@@ -49,16 +60,32 @@ class ControlPlaneClient:
         return self.servers[self.current]
 
     async def post(self, path: str, body: dict, token: str | None = None) -> dict:
+        return await self.request("POST", path, token, json=body)
+
+    async def watch(self, path: str, token: str | None, timeout_s: float, **params) -> dict:
+        session = self.watch_session
+        return await self.request("GET", path, token, timeout_s, session, params=params)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        token: str | None,
+        timeout_s: float = 10.0,
+        session: aiohttp.ClientSession | None = None,
+        **kwargs,
+    ) -> dict:
         token = token or self.token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         server = self.base_url
         try:
-            async with self.session.post(
+            async with (session or self.session).request(
+                method,
                 server + path,
-                json=body,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=10),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
                 ssl=self.ssl if self.ssl is not None else True,
+                **kwargs,
             ) as resp:
                 answer = await resp.json(content_type=None)
                 if resp.history:
@@ -128,6 +155,17 @@ class Credential:
             f.write(token + "\n")
 
 
+def older(version: str, than: str) -> bool:
+    """Whether orders `version` (MARK.COUNTER, controlplane/orders.py) are older than `than`:
+    only within one leader's term (one MARK) can they be; another term's are news."""
+    mark, _, counter = version.rpartition(".")
+    held_mark, _, held_counter = than.rpartition(".")
+    try:
+        return mark == held_mark and int(counter) < int(held_counter)
+    except ValueError:
+        return False
+
+
 class NodeAgent:
     def __init__(
         self,
@@ -136,24 +174,78 @@ class NodeAgent:
         client: ControlPlaneClient,
         heartbeat_s: float = 2.0,
         credential: Credential | None = None,
+        watch_s: float = WATCH_S,
     ) -> None:
         self.inventory = inventory
         self.supervisor = supervisor
         self.client = client
         self.heartbeat_s = heartbeat_s
         self.credential = credential
+        self.watch_s = watch_s  # how long one watch of the orders waits; 0: no watch
         self.silenced = False  # fault injection: the node stops heartbeating
+        self.orders: str | None = None  # the version of the orders applied last
+        self.digest: str | None = None  # and the digest of their assignments
+        self.heard = asyncio.Event()  # set once a first answer gave the orders
 
     async def run(self) -> None:
         await self.register()
+        watch = asyncio.create_task(self.watch_orders()) if self.watch_s > 0 else None
+        try:
+            while True:
+                try:
+                    await self.beat()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the control plane may be away: keep replicas as is
+                    log.warning("%s: heartbeat failed: %s", self.inventory.name, exc)
+                await self._until_next_beat()
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    def take_orders(self, answer: dict) -> bool:
+        """Run what an answer assigns, unless an answer applied already is newer: a heartbeat's
+        answer and a watch's may cross on the way. Returns whether it was applied."""
+        version = answer.get("orders")
+        if isinstance(version, str) and self.orders is not None and older(version, self.orders):
+            return False
+        self.orders = version if isinstance(version, str) else None
+        self.digest = answer.get("digest")
+        self.heard.set()
+        self.supervisor.reconcile(answer["assignments"])
+        return True
+
+    async def watch_orders(self) -> None:
+        """Hear new orders as soon as a tick decides them: a long poll of this node's
+        assignments, answered when they differ from what this agent holds. Carried out and
+        reported at once, by the next heartbeat brought forward."""
+        pause = self.heartbeat_s
         while True:
+            await self.heard.wait()  # a heartbeat's answer gave the orders to watch from
+            if self.silenced:
+                await asyncio.sleep(self.heartbeat_s)
+                continue
+            wait = self.watch_s * random.uniform(0.8, 1.0)  # parked watches end apart
+            held = self.digest
             try:
-                await self.beat()
+                answer = await self.client.watch(
+                    f"/v1/nodes/{self.inventory.name}/assignments",
+                    self.own_token(),
+                    wait + WATCH_MARGIN_S,
+                    digest=held,
+                    wait=f"{wait:.1f}",
+                )
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the control plane may be away: keep replicas as they are
-                log.warning("%s: heartbeat failed: %s", self.inventory.name, exc)
-            await self._until_next_beat()
+            except Exception as exc:  # heartbeats carry the orders meanwhile
+                log.debug("%s: orders watch failed: %s", self.inventory.name, exc)
+                await asyncio.sleep(pause)
+                continue
+            if "digest" not in answer:  # a control plane without watches: heartbeats only
+                log.info("%s: the control plane answers no watch of orders", self.inventory.name)
+                return
+            if answer["digest"] != held and not self.silenced and self.take_orders(answer):
+                self.supervisor.news.set()  # carry them out and report now
 
     async def _until_next_beat(self) -> None:
         """One heartbeat period, or less when an engine finished falling asleep or waking: a
@@ -232,4 +324,4 @@ class NodeAgent:
                 await self.register()
                 return
             raise
-        self.supervisor.reconcile(answer["assignments"])
+        self.take_orders(answer)

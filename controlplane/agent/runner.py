@@ -15,6 +15,7 @@ from controlplane.agent.agent import ControlPlaneClient, Credential, NodeAgent
 from controlplane.agent.processes import EnginePorts
 from controlplane.agent.supervisor import Supervisor
 from controlplane.looplag import watch_loop_lag
+from controlplane.orders import WATCH_S
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -31,6 +32,7 @@ async def run_agents(
     stop_replicas_on_exit: bool = False,
     ssl=None,
     in_process=None,
+    watch_s: float = WATCH_S,
 ) -> None:
     """`in_process`: what runs the replicas of the inventories whose `replicas` is
     "in_process" (a simulated fleet's choice, sim/replicas.py), started and closed here."""
@@ -38,7 +40,9 @@ async def run_agents(
     # beating every 10 s must not queue its heartbeats behind aiohttp's default 100.
     connector = aiohttp.TCPConnector(limit=max(100, len(inventories) // 10))
     session = aiohttp.ClientSession(connector=connector)
-    client = ControlPlaneClient(session, server, token, ssl)
+    # Each node's watch of its orders stays parked on one connection of its own.
+    watch_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    client = ControlPlaneClient(session, server, token, ssl, watch_session)
     ports = EnginePorts()
     if in_process is not None:
         await in_process.start()
@@ -55,6 +59,7 @@ async def run_agents(
             client,
             heartbeat_s,
             Credential(state_dir / "nodes" / inv.name / "credential"),
+            watch_s,
         )
         for inv in inventories
     }
@@ -89,6 +94,7 @@ async def run_agents(
             if close is not None:
                 close()
         await session.close()
+        await watch_session.close()
         if admin_runner is not None:
             await admin_runner.cleanup()
         if in_process is not None:
