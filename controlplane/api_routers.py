@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controlplane.apihttp import ApiError, body_of, items, json_response, term
+from controlplane.apihttp import ApiError, body_of, items, json_response, term, wake
 from controlplane.idle import ReportError
 from controlplane.model import ReplicaState
 
@@ -91,12 +91,17 @@ async def forget_router(request: web.Request) -> web.Response:
 
 async def post_activity(request: web.Request) -> web.Response:
     fleet = term(request).fleet
+    body = await body_of(request)
     try:
-        fleet.idle.report(await body_of(request))
+        fleet.idle.report(body)
     except ReportError as exc:
         raise ApiError(400, str(exc), "invalid_request", exc.field) from None
     # Stored before the answer (leader_only awaits it): an acknowledged goodbye survives a
     # kill -9 of the server that took it.
     fleet.flush_activity()
     term(request).stats["activity_reports"] += 1
+    if body.get("prompt"):
+        # Sent at once, not on the router's tick: an acknowledgement a replica on its way out
+        # may be waiting for, taken by the next tick now.
+        wake(request)
     return json_response({"accepted": True})

@@ -52,13 +52,18 @@ class ActivityReporter:
             self.headers["Authorization"] = f"Bearer {token}"
         self.failures = 0
 
-    async def report(self, waiting: dict | None = None, goodbye: bool = False) -> bool:
-        """Post one report; `goodbye` marks the last one of a clean shutdown."""
+    async def report(
+        self, waiting: dict | None = None, goodbye: bool = False, prompt: bool = False
+    ) -> bool:
+        """Post one report; `goodbye` marks the last one of a clean shutdown, `prompt` one sent
+        between ticks, that a replica on its way out may be waiting for (router/acks.py)."""
         report = activity_report(
             self.router_id, self.incarnation, self.started, self.table, waiting
         )
         if goodbye:
             report["goodbye"] = True
+        if prompt:
+            report["prompt"] = True
         body = orjson.dumps(report)
         base = self.control_planes.url
         try:

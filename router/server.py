@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from router.acks import PromptAcks
 from router.activity import ActivityReporter
 from router.catalog import ModelCatalog
 from router.context import ProxyConfig, ProxyContext
@@ -23,6 +24,7 @@ from router.metrics import SharedMetrics
 from router.routes import RouteWatcher
 
 log = logging.getLogger("gpurouter")
+ACK_POLL_S = 0.05  # how often the last requests on a replica that left the table are looked at
 
 
 @dataclass
@@ -73,6 +75,8 @@ class RouterServer:
         self.reporter: ActivityReporter | None = None
         self.report_task: asyncio.Task | None = None  # the tick's report, held until it ends
         self.demands: set[asyncio.Task] = set()
+        self.acks = PromptAcks(self.table)  # router/acks.py: what is reported at once
+        self.report_soon = asyncio.Event()
         self.stopping = asyncio.Event()
         self.started = time.monotonic()
 
@@ -131,6 +135,8 @@ class RouterServer:
             def routes_changed():
                 ctx.affinity_by_model = watcher.affinity
                 ctx.resume_parked()
+                self.acks.routes_changed()
+                self.report_soon.set()
 
             watcher = RouteWatcher(
                 session,
@@ -176,17 +182,38 @@ class RouterServer:
         log.info("routes reloaded: %d model(s)", len(routes))
 
     async def tick(self, ctx: ProxyContext) -> None:
-        reporter = self.reporter
+        """Sweeps deadlines and reports activity once a tick; reports at once, between ticks,
+        a new route version and the end of the last request on a replica that left the table
+        (router/acks.py)."""
         loop = asyncio.get_running_loop()
-        next_report = loop.time()
+        period = min(1.0, self.settings.tick_s)
+        next_report = next_sweep = loop.time()
         while True:
-            ctx.sweep()
-            if loop.time() >= next_report:
-                next_report = loop.time() + self.settings.tick_s
+            now = loop.time()
+            if now >= next_sweep:
+                next_sweep = now + period
+                ctx.sweep()
+            if now >= next_report:
+                next_report = now + self.settings.tick_s
                 ctx.on_tick()
-                if reporter is not None:
-                    self.report_task = asyncio.create_task(reporter.report(ctx.waiting()))
-            await asyncio.sleep(min(1.0, self.settings.tick_s))
+                self.acks.due()  # this report carries it
+                self.send_report(ctx)
+            elif not self.reporting() and self.acks.due():
+                self.send_report(ctx, prompt=True)
+            pause = ACK_POLL_S if self.acks.watching else period
+            try:
+                await asyncio.wait_for(self.report_soon.wait(), pause)
+            except TimeoutError:
+                pass
+            self.report_soon.clear()
+
+    def reporting(self) -> bool:
+        return self.report_task is not None and not self.report_task.done()
+
+    def send_report(self, ctx: ProxyContext, prompt: bool = False) -> None:
+        if self.reporter is not None:
+            report = self.reporter.report(ctx.waiting(), prompt=prompt)
+            self.report_task = asyncio.create_task(report)
 
     def ask_for(self, ctx: ProxyContext, model: str, waiting: int) -> None:
         """Requests wait for `model`: tell the control plane now, not at the next tick."""

@@ -35,14 +35,18 @@ def serving(protocol_factory):
 
 class Relay:
     """A TCP relay to a local port that can be cut (connections reset, new ones refused) and
-    healed: a network split between a router and its control plane."""
+    healed: a network split between a router and its control plane. Or only its route watch
+    stalled (`stall_routes`: watches reset, new ones refused, every other call relayed): a
+    router that reports on a table it can no longer renew."""
 
     def __init__(self, loop, target_port: int, port: int) -> None:
         self.loop = loop
         self.target_port = target_port
         self.url = f"http://127.0.0.1:{port}"
         self.open: set = set()
+        self.watching: set = set()  # the pairs whose last request was a route watch
         self.is_cut = False
+        self.routes_stalled = False
 
     async def handle(self, reader, writer):
         if self.is_cut:
@@ -56,9 +60,15 @@ class Relay:
         pair = (writer, up_writer)
         self.open.add(pair)
 
-        async def pipe(source, sink):
+        async def pipe(source, sink, upstream=False):
             try:
                 while data := await source.read(65536):
+                    if upstream and data.startswith(b"GET /v1/routes"):
+                        if self.routes_stalled:
+                            break
+                        self.watching.add(pair)
+                    elif upstream and data[:4] in (b"GET ", b"POST", b"PUT ", b"DELE"):
+                        self.watching.discard(pair)
                     sink.write(data)
                     await sink.drain()
             except (OSError, asyncio.CancelledError):
@@ -66,14 +76,24 @@ class Relay:
             finally:
                 sink.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, upstream=True), pipe(up_reader, writer))
         self.open.discard(pair)
+        self.watching.discard(pair)
 
     def _cut(self):
         self.is_cut = True
         for writer, up_writer in list(self.open):
             writer.transport.abort()
             up_writer.transport.abort()
+
+    def _stall_routes(self):
+        self.routes_stalled = True
+        for writer, up_writer in list(self.watching):
+            writer.transport.abort()
+            up_writer.transport.abort()
+
+    def stall_routes(self) -> None:
+        self.loop.call_soon_threadsafe(self._stall_routes)
 
     def cut(self) -> None:
         self.loop.call_soon_threadsafe(self._cut)

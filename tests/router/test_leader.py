@@ -24,7 +24,7 @@ class Refusing:
     def __init__(self) -> None:
         self.tried: list[str] = []
 
-    def post(self, url, **kw):
+    def request(self, method, url, **kw):
         self.tried.append(url)
         return self
 
