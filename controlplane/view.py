@@ -81,21 +81,35 @@ class FleetView:
 
     # demand
 
+    def demands(self) -> dict[str, float]:
+        """What routers asked for that their reports may not count yet: a demand made within
+        the lease, and after the report of some live router. Once every live router reported
+        after it, their reports' `waiting` says who still waits: a demand that outlived its
+        requests would take the cards back from the model that just made way (two models
+        would swap back and forth until it expired)."""
+        live = self.idle.live_routers(self.now)
+        heard_from_all = min((r.received_at for r in live), default=float("-inf"))
+        window = self.idle.live_window_s
+        return {
+            name: at
+            for name, at in self.demanded_at.items()
+            if self.now - at <= window and at >= heard_from_all
+        }
+
     def wanted_adapters(self) -> dict[str, int]:
         """adapter -> requests waiting for it, as `wanted` counts them for models."""
         waiting = {m: n for m, n in self.idle.waiting(self.now).items() if m in self.adapters}
-        for name, at in self.demanded_at.items():
-            if name in self.adapters and self.now - at <= self.idle.live_window_s:
+        for name in self.demands():
+            if name in self.adapters:
                 waiting[name] = max(waiting.get(name, 0), 1)
         return {m: n for m, n in waiting.items() if n > 0}
 
     def wanted(self) -> dict[str, int]:
         """model -> requests waiting for it: what live routers report, and a model a router
-        asked for within the lease though no report counts it yet (at least 1)."""
+        asked for though no report counts it yet (at least 1; `demands`)."""
         waiting = dict(self.idle.waiting(self.now))
-        for model, at in self.demanded_at.items():
-            if self.now - at <= self.idle.live_window_s:
-                waiting[model] = max(waiting.get(model, 0), 1)
+        for model in self.demands():
+            waiting[model] = max(waiting.get(model, 0), 1)
         wanted = {m: n for m, n in waiting.items() if n > 0 and m in self.specs}
         for name, n in self.wanted_adapters().items():
             base = self.adapters[name].base

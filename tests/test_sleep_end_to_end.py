@@ -99,3 +99,25 @@ def call_text(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=10) as resp:
         return resp.read().decode()
+
+
+def wakes(fleet, model: str) -> int:
+    metrics = call_text(fleet.url + "/metrics")
+    line = f'gpufleet_wakes_total{{model="{model}"}} '
+    return sum(int(float(row[len(line) :])) for row in metrics.splitlines() if row.startswith(line))
+
+
+def test_two_models_taking_turns_swap_once_per_turn_not_back_and_forth(procs, tmp_path):
+    """A demand outlives the request it was made for (the lease): once the routers' reports say
+    nobody waits, it no longer takes the card back from the model that just made way."""
+    fleet = SimFleet(procs, tmp_path, fleet=ONE_CARD)
+    for name in ("alpha", "beta"):
+        call("POST", fleet.url + "/v1/models", engine_spec(name, after="1h"))
+    router, _ = procs.router("--control-plane", fleet.url)
+    api = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0)
+    for model in ("alpha", "beta", "alpha", "beta"):
+        ask(api, model)
+        time.sleep(3.0)
+    assert (wakes(fleet, "alpha"), wakes(fleet, "beta")) == (1, 1), "one wake per turn"
+    assert replica_of(fleet, "beta")["state"] == "Ready"
+    assert replica_of(fleet, "alpha")["state"] == "Asleep"
