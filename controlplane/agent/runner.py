@@ -17,6 +17,8 @@ from controlplane.agent.supervisor import Supervisor
 from controlplane.looplag import watch_loop_lag
 from controlplane.orders import WATCH_S
 
+WATCH_MAX_NODES = 256  # nodes in one agent process that each watch their orders
+
 log = logging.getLogger("gpufleet.agent")
 
 
@@ -52,6 +54,16 @@ async def run_agents(
             return in_process.supervisor(inv.address)
         return Supervisor(state_dir / "nodes" / inv.name, inv.address, stop_grace_s, ports=ports)
 
+    if watch_s > 0 and len(inventories) > WATCH_MAX_NODES:
+        # One connection parked on the leader per node: a simulated fleet of thousands of
+        # nodes in one process would hold as many sockets as its heartbeats' pool many times
+        # over (16,000 watches lost heartbeats by the thousand). Its orders come by heartbeat.
+        log.info(
+            "%d nodes in one agent: orders come with heartbeats, not watches (at most %d)",
+            len(inventories),
+            WATCH_MAX_NODES,
+        )
+        watch_s = 0.0
     agents = {
         inv.name: NodeAgent(
             inv,
