@@ -26,7 +26,7 @@ DOZY = spec(
     min_replicas=0,
     min_residency="0s",
     engine="vllm",
-    sleep={"level": 1, "after": "2s", "wake_timeout": "30s"},
+    sleep={"level": 1, "after": "4s", "wake_timeout": "30s"},
     max_adapters=2,
     command=[
         *engine(0, 4), "--startup-delay", str(COLD_START_S), "--wake-delay", "0.3",
