@@ -92,14 +92,14 @@ def test_an_answer_older_than_the_orders_held_is_not_applied():
     assert (agent.orders, agent.digest) == ("ff00.1", "e1")
 
 
-HEARTBEAT_S = 20.0
+HEARTBEAT_S = 300.0  # far beyond any wait below: only the watch can bring the order sooner
 
 
 def test_an_agent_starts_what_a_tick_placed_long_before_its_next_heartbeat(procs, tmp_path):
-    """Heartbeats 20 s apart: a replica placed just after one is started (and reported
+    """Heartbeats five minutes apart: a replica placed just after one is started (and reported
     Starting, by a heartbeat brought forward) while the next is still far off. (With
     `--watch 0` it waits for that heartbeat, and this fails.)"""
-    url, _ = control_plane(procs, tmp_path / "state.sqlite", None, "--node-timeout", "60")
+    url, _ = control_plane(procs, tmp_path / "state.sqlite", None, "--node-timeout", "900")
     fleet_file = tmp_path / "fleet.yaml"
     one_node = {"name": "ib-a", "nodes": 1, "gpu_class": "H100-80GB", "gpus_per_node": 2}
     fleet_file.write_text(json.dumps({"fabrics": [one_node]}))
@@ -112,7 +112,6 @@ def test_an_agent_starts_what_a_tick_placed_long_before_its_next_heartbeat(procs
     )  # fmt: skip
     wait_until(lambda: call("GET", url + "/v1/summary")[1]["nodes"]["ready"] == 1, what="node")
     time.sleep(1.0)  # its first heartbeat, right after registering, is answered
-    applied = time.monotonic()
     sim = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
     assert call("POST", url + "/v1/models", spec(name="m", command=sim))[0] == 201
 
@@ -120,5 +119,4 @@ def test_an_agent_starts_what_a_tick_placed_long_before_its_next_heartbeat(procs
         rows = call("GET", url + "/v1/replicas")[1]["items"]
         return [r["state"] for r in rows if r["state"] in ("Starting", "Ready")]
 
-    wait_until(reported, timeout=HEARTBEAT_S / 2, what="the replica started by its agent")
-    assert time.monotonic() - applied < HEARTBEAT_S - 1, "before the next heartbeat"
+    wait_until(reported, timeout=60, what="the replica started by its agent")
