@@ -1,6 +1,7 @@
 """A whole simulated fleet of real processes, read by operators while its nodes heartbeat.
 
-One `gpuctl server` with a token file, as a platform team runs it: one `gpuctl agent
+One `gpuctl server` with a token file and its defaults (heartbeats paced by the fleet's size,
+controlplane/pacing.py), as a platform team runs it: one `gpuctl agent
 --simulate` for every node, each node registering with the agent token and heartbeating with
 the credential it was given (replicas in process, so 10,000 of them fit on one machine); one
 `gpurouter` with the router token that watches and reports on every replica. It times the
@@ -28,14 +29,14 @@ from pathlib import Path
 
 import yaml
 
+from controlplane.pacing import HeartbeatPacing
 from tests.harness import BIN, Processes, call, control_plane, free_port, wait_until
 
 FABRIC_NODES = 1000  # nodes a fabric, as in a large training cluster's pods
 GPUS_PER_NODE = 8
 REPLICAS_PER_NODE = 0.625  # 10,000 replicas on 16,000 nodes
 REPLICAS_PER_MODEL = 10
-HEARTBEAT_S = 10.0  # as a kubelet renews its lease
-NODE_TIMEOUT_S = 40.0  # as Kubernetes' node-monitor-grace-period
+PACING = HeartbeatPacing()  # the server's defaults: heartbeats paced by the fleet's size
 STATUS_CALLS = 20
 TOKENS = {"admin": "adm-bench", "viewer": "vwr-bench", "router": "rtr-bench", "agent": "agt-bench"}
 SIM = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
@@ -102,22 +103,14 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
     replicas = int(nodes * REPLICAS_PER_NODE) // REPLICAS_PER_MODEL * REPLICAS_PER_MODEL
     token_file = work / "tokens.yaml"
     token_file.write_text(yaml.safe_dump(TOKENS))
-    url, server = control_plane(
-        procs,
-        work / "state.sqlite",
-        token_file,
-        "--node-timeout",
-        str(NODE_TIMEOUT_S),
-        "--tick",
-        "1",
-    )
+    url, server = control_plane(procs, work / "state.sqlite", token_file)
+    heartbeat_s = PACING.period(nodes)
     (work / "fleet.yaml").write_text(yaml.safe_dump(fleet_file(nodes)))
     registering = time.perf_counter()
     agent = procs.start(
         [
             "gpuctl", "agent", "--server", url, "--simulate", str(work / "fleet.yaml"),
-            "--state-dir", str(work / "agent"), "--heartbeat", str(HEARTBEAT_S),
-            "--token-file", str(token_file),
+            "--state-dir", str(work / "agent"), "--token-file", str(token_file),
         ],
         name="agent",
     )  # fmt: skip
@@ -138,7 +131,7 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
         assert call("POST", url + "/v1/models", model, token=TOKENS["admin"], timeout=30)[0] == 201
     wait_until(
         lambda: summary()["replicas"]["by_state"].get("Ready") == replicas,
-        timeout=60 + 4 * HEARTBEAT_S,
+        timeout=60 + 4 * heartbeat_s,
         what="every replica Ready",
     )
     router_port = free_port()
@@ -168,7 +161,7 @@ def run(nodes: int, work: Path, procs: Processes) -> Figures:
     nodes_command_s, out = gpuctl(url, "nodes", "-o", "json")
     assert len(json.loads(out)["items"]) == nodes
     # A beat in flight when the reads end is not lost yet: wait for one more round.
-    time.sleep(HEARTBEAT_S)
+    time.sleep(heartbeat_s * 1.1)
     lost = heartbeat_failures(agent) - before
     not_ready = summary()["nodes"]["not_ready"]
     stopping = time.perf_counter()

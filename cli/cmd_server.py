@@ -47,7 +47,24 @@ from controlplane.tokens import load_tokens
     "--node-timeout",
     default=15.0,
     show_default=True,
-    help="Seconds without a heartbeat before a node is NotReady.",
+    help="Seconds without a heartbeat before a node is NotReady, in a fleet small enough to "
+    "beat every --heartbeat seconds; a larger one's is 4 of its longer periods.",
+)
+@click.option(
+    "--heartbeat",
+    "heartbeat_s",
+    default=2.0,
+    show_default=True,
+    help="Seconds between a node's heartbeats, handed to every agent, while the fleet is "
+    "small enough for it.",
+)
+@click.option(
+    "--max-heartbeats-per-second",
+    "max_heartbeats_per_s",
+    default=500.0,
+    show_default=True,
+    help="Heartbeats a second this server takes from the whole fleet: a larger fleet's agents "
+    "are told to beat less often (nodes / this), as Nomad paces its clients.",
 )
 @click.option(
     "--router-live",
@@ -87,6 +104,8 @@ def server(
     token_file,
     tick_s,
     node_timeout,
+    heartbeat_s,
+    max_heartbeats_per_s,
     router_live,
     min_residency,
     room_timeout,
@@ -109,6 +128,10 @@ def server(
         room_timeout_s = parse_duration(room_timeout, "--room-timeout")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if heartbeat_s <= 0 or max_heartbeats_per_s <= 0:
+        raise click.UsageError("--heartbeat and --max-heartbeats-per-second must be positive")
+    if node_timeout <= heartbeat_s:
+        raise click.UsageError("--node-timeout must be longer than --heartbeat")
     if not 0 < lease_renew < lease_ttl:
         raise click.UsageError("--lease-renew must be shorter than --lease-ttl")
     if bool(tls_cert) != bool(tls_key):
@@ -129,6 +152,8 @@ def server(
         tokens,
         tick_s=tick_s,
         node_timeout_s=node_timeout,
+        heartbeat_s=heartbeat_s,
+        max_heartbeats_per_s=max_heartbeats_per_s,
         router_live_s=router_live,
         min_residency_s=residency_s,
         room_timeout_s=room_timeout_s,

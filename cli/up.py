@@ -220,6 +220,8 @@ class FleetUp:
                     str(token_file),
                     "--node-timeout",
                     "10",
+                    "--heartbeat",
+                    "1",
                     *server_tls,
                 ],
                 # 200 once it leads: at once on SQLite, after its election on PostgreSQL

@@ -81,11 +81,15 @@ async def delete_node(request: web.Request) -> web.Response:
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    fleet = term(request).fleet
-    assignments = fleet.heartbeat(request.match_info["name"], await body_of(request))
+    current = term(request)
+    fleet, name = current.fleet, request.match_info["name"]
+    assignments = fleet.heartbeat(name, await body_of(request))
     if fleet.changed:
         wake(request)
-    return json_response(orders_answer(fleet, assignments))
+    # The period is handed out here, and remembered, so the node's timeout is judged on it.
+    period = current.reconciler.settings.pacing.period(len(fleet.nodes))
+    fleet.nodes[name].heartbeat_s = period
+    return json_response({**orders_answer(fleet, assignments), "heartbeat_s": period})
 
 
 def orders_answer(fleet, assignments: list[dict]) -> dict:

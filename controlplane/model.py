@@ -96,6 +96,7 @@ class Node:
     ready: bool = True
     last_heartbeat: float = 0.0  # control-plane monotonic clock, not persisted
     host_memory_mb: int = 0  # MiB, as the agent found it (/proc/meminfo); 0: not known
+    heartbeat_s: float = 0.0  # the period its agent was last told (controlplane/pacing.py)
 
     # Written out rather than dataclasses.asdict, which recurses through every field and
     # deep-copies each value: a snapshot of 16,000 nodes spent seconds there.
@@ -125,6 +126,7 @@ class Node:
             self.ready,
             self.last_heartbeat,
             self.host_memory_mb,
+            self.heartbeat_s,
         )
 
     @classmethod

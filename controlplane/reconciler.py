@@ -30,6 +30,8 @@ class Reconciler:
         min_residency_s: float = 120.0,
         autoscale_every_s: float = 1.0,
         room_timeout_s: float = 600.0,
+        heartbeat_s: float = 2.0,
+        max_heartbeats_per_s: float = 500.0,
     ) -> None:
         self.fleet = fleet
         self.routes = routes or RouteTable()
@@ -38,6 +40,8 @@ class Reconciler:
             failed_retention_s=failed_retention_s,
             min_residency_s=min_residency_s,
             room_timeout_s=room_timeout_s,
+            heartbeat_s=heartbeat_s,
+            max_heartbeats_per_s=max_heartbeats_per_s,
         )
         # Autoscaling decides once a period, not at every tick a heartbeat wakes: "at most
         # doubling a tick" must not double again on the same reports.

@@ -42,6 +42,8 @@ class Settings:
     tokens: dict[str, str]
     tick_s: float = 1.0
     node_timeout_s: float = 15.0
+    heartbeat_s: float = 2.0
+    max_heartbeats_per_s: float = 500.0
     router_live_s: float = 10.0
     min_residency_s: float = 120.0
     room_timeout_s: float = 600.0
@@ -73,6 +75,8 @@ def begin_term(store, settings: Settings, epoch: int = 0, clock_offset_s: float 
     reconciler = Reconciler(
         fleet,
         node_timeout_s=settings.node_timeout_s,
+        heartbeat_s=settings.heartbeat_s,
+        max_heartbeats_per_s=settings.max_heartbeats_per_s,
         min_residency_s=settings.min_residency_s,
         room_timeout_s=settings.room_timeout_s,
         autoscale_every_s=settings.tick_s,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from controlplane.idle import IdleTracker
 from controlplane.model import ModelSpec, ReplicaState
+from controlplane.pacing import HeartbeatPacing
 from controlplane.placement import Placer
 from controlplane.room import RoomInputs
 from controlplane.sleep import Memory, holds_card, memory_of
@@ -30,6 +31,12 @@ class TickSettings:
     # GPUs kept for a waiting model are given up when its victims have not stopped by then (a
     # silent router holds one): as a router's parked request gives up.
     room_timeout_s: float = 600.0
+    heartbeat_s: float = 2.0  # a small fleet's heartbeat period; a large one's is longer
+    max_heartbeats_per_s: float = 500.0
+
+    @property
+    def pacing(self) -> HeartbeatPacing:
+        return HeartbeatPacing(self.heartbeat_s, self.max_heartbeats_per_s, self.node_timeout_s)
 
 
 @dataclass

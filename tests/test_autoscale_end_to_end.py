@@ -161,7 +161,16 @@ def test_a_control_plane_restart_mid_window_neither_scales_in_early_nor_forgets(
     procs.terminate(server)
     port = int(fleet.url.rsplit(":", 1)[1])
     control_plane(
-        procs, tmp_path / "state.sqlite", None, "--tick", "0.2", "--node-timeout", "2", port=port
+        procs,
+        tmp_path / "state.sqlite",
+        None,
+        "--tick",
+        "0.2",
+        "--node-timeout",
+        "2",
+        "--heartbeat",
+        "0.3",
+        port=port,
     )
     wait_until(lambda: ready(fleet) == 1, timeout=DELAY_S + 15, what="back to one replica")
     back = time.monotonic() - ended

@@ -54,7 +54,7 @@ class Cluster:
         return self.procs.start(
             ["gpuctl", "server", "--listen", f"127.0.0.1:{port}", "--state", self.dsn,
              "--lease-ttl", str(LEASE_TTL_S), "--lease-renew", "0.5", "--tick", "0.2",
-             "--node-timeout", "6", "--router-live", "2"],
+             "--node-timeout", "6", "--heartbeat", "0.3", "--router-live", "2"],
             port,
             name="server",
         )  # fmt: skip

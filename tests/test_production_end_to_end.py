@@ -94,7 +94,8 @@ class Production:
              "--advertise", self.url(port), "--token-file", str(self.token_file),
              "--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key),
              "--lease-ttl", str(LEASE_TTL_S), "--lease-renew", "0.5", "--tick", "0.2",
-             "--node-timeout", "10", "--router-live", "3", "--min-residency", "0s"],
+             "--node-timeout", "10", "--heartbeat", "0.5", "--router-live", "3",
+             "--min-residency", "0s"],
             port,
             name="server",
         )  # fmt: skip

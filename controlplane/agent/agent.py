@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 from pathlib import Path
@@ -251,7 +252,9 @@ class NodeAgent:
         """One heartbeat period, or less when an engine finished falling asleep or waking: a
         swap waits on that news, not on the next period."""
         try:
-            await asyncio.wait_for(self.supervisor.news.wait(), self.heartbeat_s)
+            # Jittered: nodes that registered together must not beat together for ever.
+            period = self.heartbeat_s * random.uniform(0.9, 1.1)
+            await asyncio.wait_for(self.supervisor.news.wait(), period)
         except TimeoutError:
             pass
         self.supervisor.news.clear()
@@ -325,3 +328,6 @@ class NodeAgent:
                 return
             raise
         self.take_orders(answer)
+        paced = answer.get("heartbeat_s")
+        if isinstance(paced, int | float) and 0 < paced < math.inf:
+            self.heartbeat_s = float(paced)  # the control plane paces a large fleet's beats

@@ -3,7 +3,8 @@ records of failed replicas kept long enough.
 
 | the node                                   | its replicas                                  |
 |--------------------------------------------|-----------------------------------------------|
-| heard from within the node timeout         | nothing                                       |
+| heard from within the node timeout (paced  | nothing                                       |
+| by the fleet's size, controlplane/pacing)  |                                               |
 | silent past the timeout                    | NotReady; each replica that was running fails  |
 |                                            | as lost with it (its model places another)   |
 | NotReady, a replica Stopping               | forgotten: nothing will report it stopped     |
@@ -29,10 +30,10 @@ LOST_WITH_NODE = PRESENT | {ReplicaState.RETIRING}
 
 def node_timeouts(view: FleetView) -> list:
     actions: list = []
-    timeout = view.settings.node_timeout_s
+    pacing, count = view.settings.pacing, len(view.nodes)
     for node in view.nodes.values():
         silent = view.clock - node.last_heartbeat
-        lost_now = node.ready and silent > timeout
+        lost_now = node.ready and silent > pacing.timeout(count, node.heartbeat_s)
         if lost_now:
             actions.append(NodeLost(node.name, silent))
         elif node.ready:

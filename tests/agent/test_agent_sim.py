@@ -29,6 +29,8 @@ class SimFleet:
             "0.2",
             "--node-timeout",
             "2",
+            "--heartbeat",
+            "0.3",
             *server_args,
         )
         self.admin_port = free_port()

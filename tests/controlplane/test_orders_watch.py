@@ -99,7 +99,15 @@ def test_an_agent_starts_what_a_tick_placed_long_before_its_next_heartbeat(procs
     """Heartbeats five minutes apart: a replica placed just after one is started (and reported
     Starting, by a heartbeat brought forward) while the next is still far off. (With
     `--watch 0` it waits for that heartbeat, and this fails.)"""
-    url, _ = control_plane(procs, tmp_path / "state.sqlite", None, "--node-timeout", "900")
+    url, _ = control_plane(
+        procs,
+        tmp_path / "state.sqlite",
+        None,
+        "--node-timeout",
+        "900",
+        "--heartbeat",
+        str(HEARTBEAT_S),
+    )
     fleet_file = tmp_path / "fleet.yaml"
     one_node = {"name": "ib-a", "nodes": 1, "gpu_class": "H100-80GB", "gpus_per_node": 2}
     fleet_file.write_text(json.dumps({"fabrics": [one_node]}))
