@@ -1,24 +1,38 @@
-"""Hundreds of fine-tunes: as LoRA adapters on a few base replicas, or as models of their own.
+"""Hundreds of fine-tunes on a few cards: as LoRA adapters gpufleet places, as vLLM's own
+adapter cache, or as models of their own that sleep.
 
     python -m bench.adapters [--adapters 200] [--cards 4] [--max-adapters 8] [--minutes 10] ...
 
 One trace (Zipf popularity over the fine-tunes, bursty gamma arrivals; bench/multiplex.py's)
-against the same cards two ways: `adapters`, one base model with a replica on each card holding
-up to `--max-adapters` adapters each, loaded on demand and unloaded idlest first; and `models`,
-each fine-tune a model of its own that makes room on request by stopping idle ones (a cold
-start each). The control plane is the real one on a virtual clock; agents and the router are
-bench/multiplex.py's models of them, with adapter loads taking `--adapter-load`. Reported per
-way: requests within the TTFT SLO, p99 TTFT, loads and unloads per minute, requests that
-reached a replica without their adapter (must be 0), requests lost (must be 0).
+against the same cards three ways:
+
+- `adapters`: one base model, a replica on each card holding up to `--max-adapters` adapters;
+  the control plane loads them where a request waits and unloads the idlest past its
+  `idle_after` under pressure, through the safe stop; the router sends a request only to a
+  replica that holds its adapter.
+- `vllm-native`: every adapter registered on every replica, the router balancing over the
+  base's replicas alone; each engine keeps `--max-adapters` adapters on the GPU (vLLM's
+  `--max-loras`) and as many again in host memory (`--max-cpu-loras`, its default), least
+  recently used swapped out by the engine itself: a load from disk costs `--adapter-load-s`,
+  from host memory a tenth of it, and a request whose adapter finds every GPU slot in use by
+  running requests waits in the engine's queue (vLLM's scheduler passes it over meanwhile).
+- `models-sleep`: each fine-tune a model of its own, sleeping when idle and waking on request.
+
+The control plane is the real one on a virtual clock; the processes around it are
+bench/fleetsim.py's, at their defaults. Reported per way: requests within the TTFT SLO, p99
+TTFT, loads and unloads per minute, requests sent where their adapter was not (failed),
+requests cut by an unload, refusals.
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
+from bench.fleetsim import Engine, Request, Sim
 from bench.multiplex import (
     Settings,
     markdown_table,
@@ -30,41 +44,114 @@ from bench.multiplex import (
 )
 
 BASE = "base"
+WAYS = ("adapters", "vllm-native", "models-sleep")
 
 
 def bodies_for_adapters(s: Settings, max_adapters: int, idle_after_s: float) -> list[dict]:
-    base = {
-        **spec_for(BASE, "pinned", s),
-        "replicas": s.cards,
-        "max_adapters": max_adapters,
-    }
     adapters = [
         {"kind": "adapter", "name": name, "base": BASE, "source": f"s3://loras/{name}",
          "idle_after": idle_after_s}
         for name in model_names(s.models)
     ]  # fmt: skip
-    return [base, *adapters]
+    return [base_body(s, max_adapters), *adapters]
 
 
-def compare(s: Settings, max_adapters: int = 8, idle_after_s: float = 10.0) -> dict:
-    requests = trace(s)
+def base_body(s: Settings, max_adapters: int = 0) -> dict:
+    body = {**spec_for(BASE, "pinned", s), "replicas": s.cards}
+    return body | ({"max_adapters": max_adapters} if max_adapters else {})
+
+
+class NativeLoraCache:
+    """vLLM's adapter cache in each engine: `max_loras` on the GPU, `max_cpu_loras` in host
+    memory, least recently used first out; the scheduler starts a request whose adapter is on
+    the GPU, or can be loaded into a slot no running request uses, and passes it over else."""
+
+    def __init__(self, sim: Sim, max_loras: int, max_cpu_loras: int) -> None:
+        self.sim, self.max_loras, self.max_cpu_loras = sim, max_loras, max_cpu_loras
+        self.gpu: dict[str, OrderedDict] = {}  # replica -> adapter -> requests running
+        self.cpu: dict[str, OrderedDict] = {}  # replica -> adapters in host memory
+
+    def install(self) -> None:
+        sim = self.sim
+        sim.router.route_of = lambda model: BASE
+        sim.serves = lambda engine, request, now: engine.state == "ready"
+        sim.drain_queue = self.drain_queue
+        finish = sim.finish
+
+        def finished(engine: Engine, request: Request) -> None:
+            if request in engine.running:
+                self.gpu[engine.replica][request.model] -= 1
+            finish(engine, request)
+
+        sim.finish = finished
+
+    def drain_queue(self, engine: Engine) -> None:
+        sim = self.sim
+        gpu = self.gpu.setdefault(engine.replica, OrderedDict())
+        for request in list(engine.queue):
+            if len(engine.running) >= sim.timing.slots:
+                return
+            load_s = self.make_room(engine.replica, gpu, request.model)
+            if load_s is None:
+                continue  # passed over until a slot frees
+            engine.queue.remove(request)
+            gpu[request.model] = gpu.get(request.model, 0) + 1
+            gpu.move_to_end(request.model)
+            sim.start(engine, request, extra_s=load_s)
+
+    def make_room(self, replica: str, gpu: OrderedDict, adapter: str) -> float | None:
+        """The load time for `adapter` (0 if on the GPU), or None when no slot can take it."""
+        if adapter in gpu:
+            return 0.0
+        if len(gpu) >= self.max_loras:
+            idle = next((name for name, running in gpu.items() if running == 0), None)
+            if idle is None:
+                return None
+            del gpu[idle]
+            cpu = self.cpu.setdefault(replica, OrderedDict())
+            cpu[idle] = None
+            while len(cpu) > self.max_cpu_loras:
+                cpu.popitem(last=False)
+        self.sim.count("adapter_loads")
+        cpu = self.cpu.setdefault(replica, OrderedDict())
+        if adapter in cpu:
+            del cpu[adapter]
+            return self.sim.timing.adapter_load_s / 10
+        return self.sim.timing.adapter_load_s
+
+
+def compare(s: Settings, max_adapters: int = 8, idle_after_s: float = 10.0, ways=WAYS) -> dict:
+    arrivals = trace(s)
+    out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        return {
-            "adapters": run(
-                "pinned",
-                requests,
-                s,
-                Path(tmp),
-                bodies_for_adapters(s, max_adapters, idle_after_s),
-                warm=[],
-            ),
-            "models": run("cold", requests, s, Path(tmp), warm=[]),
-        }
+        for way in ways:
+            if way == "adapters":
+                bodies = bodies_for_adapters(s, max_adapters, idle_after_s)
+                out[way] = run("pinned", arrivals, s, Path(tmp), bodies, warm=[], cards=s.cards)
+            elif way == "vllm-native":
+                out[way] = run(
+                    "native",
+                    arrivals,
+                    s,
+                    Path(tmp),
+                    [base_body(s)],
+                    warm=[],
+                    cards=s.cards,
+                    prepare=lambda sim: NativeLoraCache(sim, max_adapters, max_adapters).install(),
+                )
+            else:
+                # Every fine-tune asked for in a warm-up long enough to cold-start them all,
+                # a card at a time: what fits in host memory waits asleep.
+                starts_min = s.models / s.cards * s.cold_start_s / 60
+                settled = replace(s, warmup_minutes=max(s.warmup_minutes, starts_min + 3))
+                out[way] = run("sleep", arrivals, settled, Path(tmp), cards=s.cards)
+            out[way].policy = way
+    return out
 
 
 def table(results: dict, minutes: float) -> str:
     headers = ["way", "requests", "within SLO", "p50 TTFT s", "p99 TTFT s", "loads/min",
-               "unloads/min", "cold starts", "without adapter", "lost", "refused"]  # fmt: skip
+               "unloads/min", "cold starts", "wakes", "failed", "cut", "refused"]  # fmt: skip
     rows = [headers]
     for way, r in results.items():
         rows.append(
@@ -77,8 +164,9 @@ def table(results: dict, minutes: float) -> str:
                 f"{r.loads / minutes:.1f}",
                 f"{r.unloads / minutes:.1f}",
                 str(r.cold_starts),
-                str(r.misses),
-                str(r.lost),
+                str(r.wakes),
+                str(r.failed),
+                str(r.cut),
                 str(r.refused),
             ]
         )
@@ -95,6 +183,8 @@ def main() -> None:
     parser.add_argument("--cv", type=float, default=2.0)
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--slo", type=float, default=5.0)
+    parser.add_argument("--adapter-load-s", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--idle-after", type=float, default=10.0, help="adapters' idle_after (a reload is cheap)"
     )
@@ -108,7 +198,9 @@ def main() -> None:
         cv=args.cv,
         zipf=args.zipf,
         slo_s=args.slo,
+        adapter_load_s=args.adapter_load_s,
         warmup_minutes=3.0,
+        seed=args.seed,
     )
     results = compare(s, args.max_adapters, args.idle_after)
     print(

@@ -1,7 +1,9 @@
-"""Fine-tunes as adapters on a few base replicas against the same fine-tunes as models of their
-own, on a short trace (bench/adapters.py): adapters serve nearly every request within the SLO,
-none reaches a replica without its adapter, none is lost. Decisions are the control plane's on
-a virtual clock, so the figures do not move with the machine's load."""
+"""Fine-tunes as adapters gpufleet places, against vLLM's own adapter cache (every adapter on
+every replica, least recently used swapped by the engine) on the same cards and trace, at the
+real processes' default timing with route propagation (bench/adapters.py): gpufleet's way
+serves at least as many requests within the SLO, sends none where its adapter is not, and
+cuts none by an unload. The full table, models that sleep included, is
+`python -m bench.adapters`."""
 
 from bench.adapters import compare
 from bench.figures import record
@@ -10,18 +12,20 @@ from bench.multiplex import Settings, percentile
 SHORT = Settings(models=100, cards=4, minutes=2, rate=2.0, cv=2.0, warmup_minutes=2.0, seed=5)
 
 
-def test_adapters_serve_what_models_of_their_own_cannot_and_never_miss():
-    results = compare(SHORT, max_adapters=8)
-    adapters, models = results["adapters"], results["models"]
+def test_adapters_serve_at_least_as_well_as_the_engines_own_cache_and_never_miss():
+    results = compare(SHORT, max_adapters=8, ways=("adapters", "vllm-native"))
+    ours, native = results["adapters"], results["vllm-native"]
     record(
         f"adapters ({SHORT.models} fine-tunes, {SHORT.cards} base replicas of 8): within the"
-        f" {SHORT.slo_s:g} s SLO {adapters.attainment:.0%} as adapters,"
-        f" {models.attainment:.0%} as models; p99 TTFT {percentile(adapters.ttft, 99):.1f} s;"
-        f" {adapters.loads} loads, {adapters.unloads} unloads; reached without adapter"
-        f" {adapters.misses}"
+        f" {SHORT.slo_s:g} s SLO {ours.attainment:.1%} placed by gpufleet,"
+        f" {native.attainment:.1%} in vLLM's own cache; p99 TTFT"
+        f" {percentile(ours.ttft, 99):.2f} s against {percentile(native.ttft, 99):.2f} s;"
+        f" {ours.loads} loads, {ours.unloads} unloads against {native.loads} loads;"
+        f" failed {ours.failed}, cut {ours.cut}"
     )
-    assert adapters.misses == 0, "a request reached a replica without its adapter"
-    assert adapters.lost == 0 and models.lost == 0
-    assert adapters.attainment >= 0.9
-    assert adapters.attainment >= 3 * models.attainment
-    assert adapters.unloads > 0, "the trace fills the replicas: adapters had to make way"
+    for way, r in results.items():
+        assert r.failed == 0, f"{way}: {r.failed} requests reached a replica without the adapter"
+        assert r.cut == 0, f"{way}: {r.cut} requests cut by an unload"
+        assert r.refused == 0, f"{way}: {r.refused} refused"
+    assert ours.attainment >= native.attainment
+    assert ours.unloads > 0, "the trace fills the replicas: adapters had to make way"
