@@ -86,6 +86,9 @@ def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list
                 "replicas": 1,
                 "min_replicas": 0,
                 "scale_to_zero_after": "10m",
+                # Short enough for a tour: a request for qwen after it takes qwen's cards
+                # back half a minute on, not the server's 2 minutes.
+                "min_residency": "30s",
                 "command": DEMO_COMMAND,
                 "idle_after": "30m",
                 **big,

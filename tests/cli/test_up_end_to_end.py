@@ -186,6 +186,24 @@ def test_gpuctl_up_end_to_end(tmp_path):
             json.loads(p.read_text())["pid"]
             for p in (fleet_dir / "agent" / "nodes").glob("*/replicas/*.json")
         ]
+
+        # And back, as the README's tour shows: past the 405b's min_residency a request for
+        # qwen takes the cards back and wakes it where it sleeps.
+        (newcomer,) = [r for r in replicas().values() if r["model"] == "llama-3.1-405b"]
+        wait_until(
+            lambda: replicas()[newcomer["id"]]["age_s"] >= 31, 40, "the 405b's min_residency"
+        )
+        answer = api.chat.completions.create(
+            model="qwen2.5-7b", messages=[{"role": "user", "content": "hi"}], timeout=60
+        )
+        assert answer.choices[0].message.content
+
+        def states():
+            items = json.loads(gpuctl("models", "-o", "json"))["items"]
+            return {m["name"]: m["state"] for m in items}
+
+        assert states()["qwen2.5-7b"] == "Ready"
+        wait_until(lambda: states()["llama-3.1-405b"] == "ScaledToZero", 30, "the 405b gone")
     finally:
         fleet.stop()
     assert "gpufleet: stopped" in output()
