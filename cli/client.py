@@ -4,8 +4,13 @@
 leader (followed here with the method and body, which urllib will not do for a POST), or 503
 during an election. A call that was certainly not made (connection refused, 503) is tried on
 the next server, and the list again until FAILOVER_S has passed, so that a command run during a
-failover succeeds once a standby leads; a call that may have been made (a reset, a timeout) is
-never sent twice.
+failover succeeds once a standby leads.
+
+A server that does not answer (frozen by SIGSTOP, a half-dead VM, a black-holed route) costs a
+read SERVER_S, then the read moves on: a read changes nothing, so it may be asked again. A
+change is sent only to a server that has just answered `/v1/leader` within SERVER_S, so a frozen
+server listed first costs it that much and no more; a change whose answer then does not come
+may have been made, and is reported so, naming the server, and never sent twice.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from urllib.parse import urljoin
 import click
 
 FAILOVER_S = 15.0  # how long a call waits for some server to lead
+SERVER_S = 3.0  # how long one server may take to answer a read, with several servers: well
+# inside a lease TTL (5 s), so a frozen leader costs less than its successor's election
 RETRY_PAUSE_S = 0.5
+READS = ("GET", "HEAD")
 MAX_REDIRECTS = 5
 
 
@@ -64,21 +72,38 @@ def request(
         headers["Authorization"] = f"Bearer {token}"
     tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
     opener = urllib.request.build_opener(_KeepRedirects, urllib.request.HTTPSHandler(context=tls))
+    several = len(servers) > 1
+    read = method in READS
     deadline = time.monotonic() + FAILOVER_S
     while True:
         for server in servers:
             try:
-                return _call(opener, server, server + path, method, data, headers, timeout)
+                if several and not read:
+                    # Writes go where a leader answers now, never into a frozen server.
+                    _call(opener, server, server + "/v1/leader", "GET", None, {}, SERVER_S, True)
+                wait = min(timeout, SERVER_S) if several and read else timeout
+                return _call(opener, server, server + path, method, data, headers, wait, read)
             except NotMade as exc:
                 last = exc.error
-                if len(servers) == 1 and not exc.electing:
+                if not several and not exc.electing:
                     raise last from None
         if time.monotonic() + RETRY_PAUSE_S > deadline:
             raise last
         time.sleep(RETRY_PAUSE_S)
 
 
-def _call(opener, server: str, url: str, method: str, data, headers: dict, timeout: float):
+def _call(
+    opener,
+    server: str,
+    url: str,
+    method: str,
+    data,
+    headers: dict,
+    timeout: float,
+    read: bool = False,
+):
+    """One call, redirects followed. `read`: nothing is changed by it, so an answer that does
+    not come means only that this server did not make it."""
     for _ in range(MAX_REDIRECTS):
         req = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
@@ -102,8 +127,13 @@ def _call(opener, server: str, url: str, method: str, data, headers: dict, timeo
                     f" ({reason.verify_message}): give --ca-file (or GPUCTL_CA_FILE, or ca_file"
                     " in the config file) with the CA that signed it"
                 ) from None
+            if isinstance(reason, TimeoutError) and not read:
+                raise ApiError(
+                    f"the control plane at {server} did not answer within {timeout:g}s: the"
+                    " change may have been made; look before trying it again"
+                ) from None
             error = ApiError(f"cannot reach the control plane at {server}: {reason}")
-            if isinstance(reason, ConnectionRefusedError):
+            if isinstance(reason, ConnectionRefusedError) or read:
                 raise NotMade(error) from None
             raise error from None
     raise ApiError(f"the control plane at {server} redirected more than {MAX_REDIRECTS} times")

@@ -8,6 +8,8 @@ import time
 import aiohttp
 import orjson
 
+from router.leader import CALL_TIMEOUT_S
+
 log = logging.getLogger("gpurouter.activity")
 
 
@@ -67,7 +69,7 @@ class ActivityReporter:
         body = orjson.dumps(report)
         base = self.control_planes.url
         try:
-            timeout = aiohttp.ClientTimeout(total=5)
+            timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
             async with self.session.post(
                 base + "/v1/activity",
                 data=body,
@@ -93,7 +95,7 @@ class ActivityReporter:
         base = self.control_planes.url
         url = base + "/v1/demand"
         try:
-            timeout = aiohttp.ClientTimeout(total=10)
+            timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
             body = orjson.dumps({"model": model, "waiting": waiting})
             async with self.session.post(
                 url, data=body, headers=self.headers, timeout=timeout

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+# One report or demand to one server: well inside a lease TTL (5 s), so a frozen leader costs a
+# call less than its successor's election before the next goes elsewhere.
+CALL_TIMEOUT_S = 3.0
+
 
 class ControlPlanes:
     def __init__(self, urls: str) -> None:

@@ -119,6 +119,14 @@ def static_routes(
     return routes
 
 
+# A watch parks on the server for WATCH_WAIT_S and is given up WATCH_MARGIN_S later: a frozen
+# leader (SIGSTOP, a black-holed route) costs the table at most that before the watch moves on,
+# within a lease TTL (5 s by default) and a second, where a watch of 30 s + 10 cost 40 s.
+WATCH_WAIT_S = 4.0
+WATCH_MARGIN_S = 1.0
+MAX_BACKOFF_S = 1.0  # after a failure: an election takes about a lease TTL
+
+
 class RouteWatcher:
     """Follows the control plane's routing table and applies each version to `sink`."""
 
@@ -128,7 +136,7 @@ class RouteWatcher:
         control_planes,
         sink,
         token: str | None,
-        wait_s: float = 30.0,
+        wait_s: float = WATCH_WAIT_S,
         on_change=None,
     ) -> None:
         self.session = session
@@ -146,7 +154,7 @@ class RouteWatcher:
             try:
                 base = self.control_planes.url
                 url = f"{base}/v1/routes?after={self.version}&wait={self.wait_s}"
-                timeout = aiohttp.ClientTimeout(total=self.wait_s + 10)
+                timeout = aiohttp.ClientTimeout(total=self.wait_s + WATCH_MARGIN_S)
                 async with self.session.get(url, headers=self.headers, timeout=timeout) as resp:
                     if resp.status != 200:
                         raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -163,7 +171,7 @@ class RouteWatcher:
                 )
                 self.control_planes.failed(base)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def apply(self, table: dict) -> None:
         routes, problems = checked_routes(

@@ -7,6 +7,7 @@ under test here; the real agent has its own tests.
 
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -315,3 +316,19 @@ def test_rolling_router_restarts_keep_bounds_honest(procs, tmp_path, stop_signal
         assert listed_at is not None, "the never-used replica was listed across the restarts"
     else:
         assert listed_at is None, "a bound was counted across a crash"
+
+
+def test_a_frozen_control_plane_listed_first_costs_the_table_seconds_not_a_long_poll(
+    procs, tmp_path
+):
+    """A server that takes connections and never answers (SIGSTOP, a black-holed route) is
+    given up after one short watch, within a lease TTL and a second, not 40 s."""
+    fleet = Fleet(procs, tmp_path)
+    fleet.serve(chat=1)
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(16)
+        first = f"http://127.0.0.1:{frozen.getsockname()[1]}"
+        router, _ = fleet.router(control_plane=f"{first},{fleet.url}")
+        api = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0)
+        assert api.chat.completions.create(model="chat", messages=[]).choices
