@@ -8,6 +8,7 @@ dies; and on Ctrl-C or SIGTERM stops everything it started, router first.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ import click
 from cli import client
 from cli.config import write_config
 from cli.tls import make_certificates
+from controlplane.agent.processes import cmdline, process_alive, same_program
 from controlplane.store import without_password
 from controlplane.tokens import load_tokens, write_tokens
 
@@ -182,6 +184,7 @@ class FleetUp:
     def start(self) -> None:
         for directory in (self.dir, self.logs, self.pids):
             directory.mkdir(parents=True, exist_ok=True)
+        self.stop_leftovers()
         busy = [
             f"{what} ({host}:{port})"
             for what, (host, port) in self.listens.items()
@@ -308,7 +311,29 @@ class FleetUp:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()
-        (self.pids / (part.name.replace(" ", "-") + ".pid")).write_text(f"{part.proc.pid}\n")
+        record = {"pid": part.proc.pid, "argv": part.argv}
+        (self.pids / (part.name.replace(" ", "-") + ".pid")).write_text(json.dumps(record))
+
+    def stop_leftovers(self) -> None:
+        """Stop what an earlier `gpuctl up` in this folder left running when it was killed
+        (kill -9 gives it no chance to stop its parts): each part it recorded, if that pid
+        still runs the same command, is stopped as at Ctrl-C (the agent stops its engines)."""
+        for pid_file in sorted(self.pids.glob("*.pid")):
+            try:
+                record = json.loads(pid_file.read_text())
+                pid, argv = int(record["pid"]), list(record["argv"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pid_file.unlink(missing_ok=True)
+                continue
+            if process_alive(pid) and same_program(cmdline(pid), argv):
+                self.echo(f"  stopping what an earlier gpuctl up left running (pid {pid})")
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + 20
+                while process_alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if process_alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            pid_file.unlink(missing_ok=True)
 
     # demo
 

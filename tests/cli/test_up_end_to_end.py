@@ -15,10 +15,14 @@ from tests.harness import BIN, free_port, wait_until
 pytestmark = pytest.mark.integration
 
 
+def recorded(pid_file: Path) -> int:
+    return json.loads(pid_file.read_text())["pid"]
+
+
 class Up:
     """`gpuctl up` on free loopback ports in `tmp_path`, as a user would run it."""
 
-    def __init__(self, tmp_path, *flags: str) -> None:
+    def __init__(self, tmp_path, *flags: str, log_name: str = "up.log") -> None:
         self.ports = {name: free_port() for name in ("server", "router", "admin")}
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")},
@@ -26,7 +30,7 @@ class Up:
             "NO_COLOR": "1",
             "PYTHONUNBUFFERED": "1",
         }
-        self.log_path = tmp_path / "up.log"
+        self.log_path = tmp_path / log_name
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [
@@ -54,10 +58,11 @@ class Up:
         assert self.proc.poll() is None, self.output()
 
     def stop(self) -> None:
-        """Ctrl-C, as a user would; it must stop within a minute, and cleanly."""
-        self.proc.send_signal(signal.SIGINT)
+        """Ctrl-C, as a terminal sends it (to the whole process group); it must stop within
+        10 s, and cleanly."""
+        os.killpg(self.proc.pid, signal.SIGINT)
         try:
-            self.proc.wait(60)
+            self.proc.wait(10)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             raise
@@ -87,7 +92,7 @@ def test_gpuctl_up_end_to_end(tmp_path):
     children = []
     try:
         fleet.wait_up()
-        children = [int(p.read_text()) for p in (fleet_dir / "pids").glob("*.pid")]
+        children = [recorded(p) for p in (fleet_dir / "pids").glob("*.pid")]
         assert len(children) == 3
         api = openai.OpenAI(
             base_url=f"http://127.0.0.1:{ports['router']}/v1", api_key="-", max_retries=0
@@ -125,13 +130,13 @@ def test_gpuctl_up_end_to_end(tmp_path):
         )
 
         bound_before = replicas()[unused[0]["id"]]["idle_s"]
-        router_pid = int((fleet_dir / "pids" / "router.pid").read_text())
+        router_pid = recorded(fleet_dir / "pids" / "router.pid")
         os.kill(router_pid, signal.SIGTERM)
         wait_until(
-            lambda: int((fleet_dir / "pids" / "router.pid").read_text()) != router_pid,
+            lambda: recorded(fleet_dir / "pids" / "router.pid") != router_pid,
             what="gpuctl up to restart the router",
         )
-        children.append(int((fleet_dir / "pids" / "router.pid").read_text()))
+        children.append(recorded(fleet_dir / "pids" / "router.pid"))
         # SIGTERM: the router said goodbye, and its next incarnation carries its watch on.
         wait_until(
             lambda: (
@@ -270,3 +275,28 @@ def test_gpuctl_up_on_postgresql(tmp_path, postgres_dsn):
     finally:
         fleet.stop()
     assert not (tmp_path / "fleet" / "state.sqlite").exists(), "the state is in PostgreSQL"
+
+
+def test_a_gpuctl_up_killed_with_kill_9_is_cleaned_up_by_the_next(tmp_path):
+    first = Up(tmp_path, log_name="first.log")
+    first.wait_up()
+    fleet_dir = tmp_path / "fleet"
+    engines = wait_until(
+        lambda: [
+            json.loads(p.read_text())["pid"]
+            for p in (fleet_dir / "agent" / "nodes").glob("*/replicas/*.json")
+        ],
+        what="engines",
+    )
+    left = [recorded(p) for p in (fleet_dir / "pids").glob("*.pid")] + engines
+    first.proc.kill()  # kill -9: it stops nothing itself
+    first.proc.wait()
+    first.log.close()
+    assert all(process_alive(pid) for pid in left)
+    second = Up(tmp_path, log_name="second.log")
+    try:
+        second.wait_up()
+        assert "stopping what an earlier gpuctl up left running" in second.output()
+        assert [pid for pid in left if process_alive(pid)] == []
+    finally:
+        second.stop()
