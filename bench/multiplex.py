@@ -305,18 +305,19 @@ def verdict(s: Settings, results: dict[str, Result]) -> str:
 
 SWEEP_WAKE_S = (0.5, 1.0, 2.0, 4.0, 6.0)
 SWEEP_COLD_S = (60.0, 120.0, 300.0)
+SWEEP_HEADERS = ["wake s", "cold start s", "sleep", "cold", "pinned", "dedicated",
+                 "sleep p99 swapped s", "goal s"]  # fmt: skip
 
 
-def sweep(s: Settings, seeds) -> str:
-    """SLO attainment of each policy over wake and cold-start times (worst seed of `seeds`)."""
-    rows = [["wake s", "cold start s", "sleep", "cold", "pinned", "dedicated",
-             "sleep p99 swapped s", "goal s"]]  # fmt: skip
+def sweep(s: Settings, seeds):
+    """SLO attainment of each policy over wake and cold-start times (worst seed of `seeds`),
+    a row at a time."""
     for cold_s in SWEEP_COLD_S:
         for wake_s in SWEEP_WAKE_S:
             point = replace(s, wake_s=wake_s, sleep_s=wake_s / 2, cold_start_s=cold_s,
                             residency_s=cold_s / 2)  # fmt: skip
             _, results = worst_of(point, seeds)
-            rows.append(
+            yield (
                 [f"{wake_s:g}", f"{cold_s:g}"]
                 + [
                     f"{100 * results[p].attainment:.1f}%"
@@ -327,7 +328,6 @@ def sweep(s: Settings, seeds) -> str:
                     f"{point.swap_bound_s:.2f}",
                 ]  # fmt: skip
             )
-    return markdown_table(rows)
 
 
 def main() -> None:
@@ -343,7 +343,11 @@ def main() -> None:
     args = vars(parser.parse_args())
     seeds, cvs, sweeping = args.pop("seeds"), args.pop("cv"), args.pop("sweep")
     if sweeping:
-        print(sweep(Settings(**args, cv=cvs[len(cvs) // 2]), seeds))
+        rows = [SWEEP_HEADERS]
+        for row in sweep(Settings(**args, cv=cvs[len(cvs) // 2]), seeds):
+            rows.append(row)
+            print(" | ".join(row), flush=True)  # progress: the whole takes minutes
+        print(markdown_table(rows))
         return
     for cv in cvs:
         settings = Settings(**args, cv=cv)
