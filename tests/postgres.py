@@ -25,6 +25,7 @@ import time
 from functools import cache
 from pathlib import Path
 
+from controlplane.agent.processes import process_alive
 from tests.harness import free_port, wait_for_port
 
 MIN_VERSION = 13
@@ -96,16 +97,6 @@ def server_user() -> pwd.struct_passwd | None:
         return pwd.getpwnam("nobody")
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop_orphans() -> None:
     """Stop the servers of earlier runs that were killed before they could stop them."""
     for root in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
@@ -113,16 +104,16 @@ def stop_orphans() -> None:
             owner = int((root / "owner").read_text())
         except (OSError, ValueError):
             continue
-        if alive(owner):
+        if process_alive(owner):
             continue  # another run, still going
         try:
             server = int((root / "data" / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             server = None
-        if server is not None and alive(server):
+        if server is not None and process_alive(server):
             os.kill(server, signal.SIGQUIT)  # PostgreSQL's immediate shutdown
             deadline = time.monotonic() + 10
-            while alive(server) and time.monotonic() < deadline:
+            while process_alive(server) and time.monotonic() < deadline:
                 time.sleep(0.1)
         shutil.rmtree(root, ignore_errors=True)
 

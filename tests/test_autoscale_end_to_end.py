@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from tests.agent.test_agent_sim import SimFleet
+from tests.agent.test_agent_sim import SERVER_ARGS, SimFleet
 from tests.controlplane.conftest import spec
 from tests.harness import call, control_plane, wait_until
 
@@ -160,18 +160,7 @@ def test_a_control_plane_restart_mid_window_neither_scales_in_early_nor_forgets(
     server = next(p for p in procs.started if "server" in p.args[1])
     procs.terminate(server)
     port = int(fleet.url.rsplit(":", 1)[1])
-    control_plane(
-        procs,
-        tmp_path / "state.sqlite",
-        None,
-        "--tick",
-        "0.2",
-        "--node-timeout",
-        "2",
-        "--heartbeat",
-        "0.3",
-        port=port,
-    )
+    control_plane(procs, tmp_path / "state.sqlite", None, *SERVER_ARGS, port=port)
     wait_until(lambda: ready(fleet) == 1, timeout=DELAY_S + 15, what="back to one replica")
     back = time.monotonic() - ended
     assert DELAY_S <= back <= DELAY_S + 5, back

@@ -48,11 +48,11 @@ def test_a_run_killed_with_kill_9_leaves_no_server_after_the_next(tmp_path):
     try:
         root = run.stdout.readline().strip()
         pid = int(open(f"{root}/data/postmaster.pid").read().split()[0])
-        assert postgres.alive(pid)
+        assert postgres.process_alive(pid)
     finally:
         run.kill()
         run.wait()
-    assert postgres.alive(pid), "killed with -9, its run could not stop it"
+    assert postgres.process_alive(pid), "killed with -9, its run could not stop it"
     postgres.stop_orphans()
-    assert not postgres.alive(pid)
+    assert not postgres.process_alive(pid)
     assert not os.path.exists(root)

@@ -13,6 +13,8 @@ from tests.harness import call, control_plane, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 FLEET = {"fabrics": [{"name": "ib-a", "nodes": 2, "gpu_class": "H100-80GB", "gpus_per_node": 2}]}
+# A quick fleet: ticks of 0.2 s, heartbeats every 0.3 s, a node lost after 2 s.
+SERVER_ARGS = ("--tick", "0.2", "--node-timeout", "2", "--heartbeat", "0.3")
 
 
 class SimFleet:
@@ -22,16 +24,7 @@ class SimFleet:
         self.fleet_file = tmp_path / "fleet.yaml"
         self.fleet_file.write_text(yaml.safe_dump(fleet))
         self.url, _ = control_plane(
-            procs,
-            tmp_path / "state.sqlite",
-            None,
-            "--tick",
-            "0.2",
-            "--node-timeout",
-            "2",
-            "--heartbeat",
-            "0.3",
-            *server_args,
+            procs, tmp_path / "state.sqlite", None, *SERVER_ARGS, *server_args
         )
         self.admin_port = free_port()
         self.agent = self.start_agent()
