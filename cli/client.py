@@ -127,10 +127,18 @@ def _call(
                     f" ({reason.verify_message}): give --ca-file (or GPUCTL_CA_FILE, or ca_file"
                     " in the config file) with the CA that signed it"
                 ) from None
-            if isinstance(reason, TimeoutError) and not read:
+            # urllib wraps what fails while connecting and sending; what fails after, while
+            # the answer is awaited (a timeout, a reset), comes bare: the change was sent.
+            sent = not isinstance(exc, urllib.error.URLError)
+            if not read and (sent or isinstance(reason, TimeoutError)):
+                what = (
+                    f"did not answer within {timeout:g}s"
+                    if isinstance(reason, TimeoutError)
+                    else f"broke off before answering ({reason})"
+                )
                 raise ApiError(
-                    f"the control plane at {server} did not answer within {timeout:g}s: the"
-                    " change may have been made; look before trying it again"
+                    f"the control plane at {server} {what}: the change may have been made;"
+                    " look before trying it again"
                 ) from None
             error = ApiError(f"cannot reach the control plane at {server}: {reason}")
             if isinstance(reason, ConnectionRefusedError) or read:
