@@ -314,8 +314,11 @@ def sweep(s: Settings, seeds):
     a row at a time."""
     for cold_s in SWEEP_COLD_S:
         for wake_s in SWEEP_WAKE_S:
+            # The warm-up lasts long enough to cold-start every model a card at a time.
+            settle_min = s.models / s.cards * cold_s / 60 + 5
             point = replace(s, wake_s=wake_s, sleep_s=wake_s / 2, cold_start_s=cold_s,
-                            residency_s=cold_s / 2)  # fmt: skip
+                            residency_s=cold_s / 2,
+                            warmup_minutes=max(s.warmup_minutes, settle_min))  # fmt: skip
             _, results = worst_of(point, seeds)
             yield (
                 [f"{wake_s:g}", f"{cold_s:g}"]
