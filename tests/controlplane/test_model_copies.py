@@ -20,6 +20,8 @@ nodes = st.builds(
     st.sampled_from(list(Schedulable)),
     st.booleans(),
     st.floats(0, 1e9),
+    st.integers(0, 10**7),
+    st.floats(0, 1e3),
 )
 replicas = st.builds(
     Replica,
@@ -47,13 +49,15 @@ def test_a_node_copy_is_equal_and_shares_only_its_gpu_list(node):
 
 @given(nodes)
 def test_a_node_dict_is_what_dataclasses_would_write_less_the_clock(node):
+    """Less what only the leader's memory holds: its clock's last heartbeat, and the
+    heartbeat period it last told the node."""
     expected = asdict(node)
     expected["schedulable"] = str(node.schedulable)
-    del expected["last_heartbeat"]
+    del expected["last_heartbeat"], expected["heartbeat_s"]
     assert node.to_dict() == expected
-    assert {f.name for f in fields(Node)} - set(node.to_dict()) == {"last_heartbeat"}
+    assert {f.name for f in fields(Node)} - set(node.to_dict()) == {"last_heartbeat", "heartbeat_s"}
     assert Node.from_dict(node.to_dict()) == Node(
-        **{**asdict(node), "last_heartbeat": 0.0, "gpus": node.gpus}
+        **{**asdict(node), "last_heartbeat": 0.0, "heartbeat_s": 0.0, "gpus": node.gpus}
     )
 
 
