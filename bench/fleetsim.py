@@ -48,8 +48,6 @@ MOVE_STEP_S = 0.05  # how finely weights moving over a shared host link are step
 class Request:
     at: float
     model: str
-    measured: bool = True
-    sent_at: float = -1.0
     first_token: float = -1.0
     parked: bool = False
     refused: bool = False
@@ -121,6 +119,13 @@ REPORTED = {
     "asleep": "Asleep",
     "waking": "Waking",
 }
+
+
+def awake_with_adapter(engine: Engine, request: Request, now: float) -> bool:
+    """What gpufleet's router relies on: the engine is awake and holds the request's adapter
+    (its endpoint `REPLICA@ADAPTER` says which, `request.replica`)."""
+    adapter = request.replica.partition("@")[2]
+    return engine.state == "ready" and (not adapter or engine.holds(adapter, now))
 
 
 class Node:
@@ -268,7 +273,7 @@ class Router:
         endpoint = min(
             self.routes[self.route_of(request.model)], key=lambda e: (self.in_flight[e], e)
         )
-        request.sent_at, request.replica = now, endpoint
+        request.replica = endpoint
         self.in_flight[endpoint] += 1
         self.last_used[endpoint] = now
         self.sim.serve(request, endpoint)
@@ -325,8 +330,9 @@ class Sim:
         self.tick_due = 0.0
         self.last_tick = -1.0
         self.published = -1
-        self.serves = None  # (engine, request, now) -> whether the engine serves it; default:
-        # awake, and holding its adapter
+        # (engine, request, now) -> whether the engine can serve the request; another engine
+        # model (vLLM's own adapter cache) replaces it
+        self.serves = awake_with_adapter
 
     def count(self, what: str) -> None:
         if self.window[0] <= self.events.now < self.window[1]:
@@ -373,13 +379,7 @@ class Sim:
     def serve(self, request: Request, endpoint: str) -> None:
         now = self.events.now
         engine = self.engine(endpoint)
-        adapter = endpoint.partition("@")[2]
-        if self.serves is not None:
-            ok = engine is not None and self.serves(engine, request, now)
-        else:
-            ok = engine is not None and engine.state in ("ready",)
-            ok = ok and (not adapter or engine.holds(adapter, now))
-        if not ok:
+        if engine is None or not self.serves(engine, request, now):
             request.failed = True
             self.events.at(now, self.router.done, request)
             return

@@ -235,7 +235,7 @@ def run(
             prepare(sim)
         # Before the trace, each policy settles: every model is asked for every 20 s, so that
         # what a policy keeps loaded (asleep, for one that sleeps) is loaded when it starts.
-        asks = [Request(float(at), name, measured=False)
+        asks = [Request(float(at), name)
                 for at in range(0, int(warmup) - 120, 20) for name in warm]  # fmt: skip
         played = [Request(at + warmup, model) for at, model in arrivals]
         sim.run(asks + played, window[1] + PARK_TIMEOUT_S + 60)
