@@ -107,9 +107,9 @@ async def run_workload(
                     int(
                         float(
                             next(
-                                line.split()[1]
+                                line.rsplit(" ", 1)[1]
                                 for line in text.splitlines()
-                                if line.startswith("vllm:num_requests_running ")
+                                if line.startswith("vllm:num_requests_running{")
                             )
                         )
                     )

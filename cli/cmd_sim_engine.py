@@ -78,6 +78,27 @@ if TYPE_CHECKING:
     show_default=True,
     help="Seconds to load one adapter.",
 )
+@click.option(
+    "--max-num-seqs",
+    type=click.IntRange(min=0),
+    default=256,
+    show_default=True,
+    help="Requests running at once; the rest wait in arrival order (0: no limit).",
+)
+@click.option(
+    "--kv-blocks",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="KV-cache capacity in blocks of 16 tokens, the prefix cache's included (0: no limit).",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["vllm", "sglang", "llama.cpp"]),
+    default="vllm",
+    show_default=True,
+    help="Whose metric names /metrics uses for the engine's queue and KV-cache use.",
+)
 def sim_engine(
     host,
     port,
@@ -99,6 +120,9 @@ def sim_engine(
     sleep_gpu_memory_mb,
     max_loras,
     adapter_load_s,
+    max_num_seqs,
+    kv_blocks,
+    kind,
 ):
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
@@ -134,6 +158,9 @@ def settings_from(params: dict) -> EngineSettings:
         sleep_gpu_memory_mb=params["sleep_gpu_memory_mb"],
         max_loras=params["max_loras"],
         adapter_load_s=params["adapter_load_s"],
+        max_num_seqs=params["max_num_seqs"],
+        kv_blocks=params["kv_blocks"],
+        kind=params["kind"],
     )
 
 

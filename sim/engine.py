@@ -27,6 +27,7 @@ import orjson
 from aiohttp import web
 
 from sim.prefix_cache import PrefixCache, prompt_text
+from sim.scheduler import Scheduler, blocks_for
 
 MAX_BODY = 64 * 1024 * 1024
 WORDS = ("the", "fleet", "serves", "many", "models", "on", "few", "cards", "and", "routes", "well")
@@ -64,6 +65,9 @@ class EngineSettings:
     sleep_gpu_memory_mb: int = 0  # held asleep
     max_loras: int = 0  # adapters loaded at once (vLLM's --max-loras); 0: no adapter API
     adapter_load_s: float = 0.0  # how long loading one takes
+    max_num_seqs: int = 256  # sequences running at once (vLLM's default); 0: no limit
+    kv_blocks: int = 0  # KV-cache capacity in blocks of 16 tokens; 0: no limit
+    kind: str = "vllm"  # whose metric names /metrics uses: vllm | sglang | llama.cpp
 
     def serves(self, name) -> bool:
         return name in self.models or name in self.adapters
@@ -72,12 +76,12 @@ class EngineSettings:
 class SimEngine:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.running = 0
         self.requests_total = 0
         self.cancelled_total = 0
         self.started = time.time()
         self.responses: dict[str, dict] = {}  # stored on this replica only, as vLLM does
         self.cache = PrefixCache(settings.cache_tokens)
+        self.scheduler = Scheduler(settings.max_num_seqs, settings.kv_blocks, self.cache)
         self.static_adapters = tuple(settings.adapters)  # from --adapter: never unloaded
         self.sleep_level = 0  # the level it sleeps (or falls asleep) at; 0: awake or waking
         self.settled_at = 0.0  # when the last sleep or wake is done
@@ -148,11 +152,14 @@ class SimEngine:
         n_tokens = (
             min(n_tokens, self.settings.output_tokens) if n_tokens else self.settings.output_tokens
         )
-        prompt_tokens, cached = self.cache.serve(prompt_text(body))
-        usage = _usage(prompt_tokens, cached, n_tokens)
-        prefill = (prompt_tokens - cached) * self.settings.prefill_s_per_token
-        self.running += 1
+        text = prompt_text(body)
+        # The blocks its prompt and output will hold; the cache is looked up once it runs, as
+        # an engine schedules it then.
+        blocks = await self.scheduler.admit(blocks_for(self.cache.tokens(text) + n_tokens))
         try:
+            prompt_tokens, cached = self.cache.serve(text)
+            usage = _usage(prompt_tokens, cached, n_tokens)
+            prefill = (prompt_tokens - cached) * self.settings.prefill_s_per_token
             if body.get("stream"):
                 return await self._stream(request, body, chat, n_tokens, usage, prefill)
             await self._wait_generation(n_tokens, prefill)
@@ -162,7 +169,7 @@ class SimEngine:
             self.cancelled_total += 1
             raise
         finally:
-            self.running -= 1
+            self.scheduler.finish(blocks)
 
     async def _wait_generation(self, n_tokens: int, prefill: float) -> None:
         delay = self.settings.ttft_s + prefill
@@ -259,7 +266,7 @@ class SimEngine:
         prompt_tokens = len(prompt.split()) if isinstance(prompt, str) else 1
         response = _response_object(body["model"], "in_progress", [])
         message_id = "msg_" + uuid.uuid4().hex
-        self.running += 1
+        blocks = await self.scheduler.admit(blocks_for(prompt_tokens + n_tokens))
         try:
             if body.get("stream"):
                 return await self._stream_response(
@@ -267,7 +274,7 @@ class SimEngine:
                 )
             await self._wait_generation(n_tokens, 0.0)
         finally:
-            self.running -= 1
+            self.scheduler.finish(blocks)
         done = _finish_response(response, message_id, " ".join(words), prompt_tokens, n_tokens)
         self.responses[done["id"]] = done
         return _json_response(done)
@@ -431,27 +438,48 @@ class SimEngine:
         return web.Response(text="")
 
     async def metrics(self, request: web.Request) -> web.Response:
-        lines = [
-            "# HELP vllm:num_requests_running Requests running on the engine.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running {self.running}",
-            "# HELP vllm:num_requests_waiting Requests waiting to be scheduled.",
-            "# TYPE vllm:num_requests_waiting gauge",
-            "vllm:num_requests_waiting 0",
-            "# HELP vllm:request_success_total Finished requests.",
-            "# TYPE vllm:request_success_total counter",
-            f"vllm:request_success_total {self.requests_total}",
-            "# HELP gpufleet_sim_cancelled_total Requests whose client went away.",
-            "# TYPE gpufleet_sim_cancelled_total counter",
-            f"gpufleet_sim_cancelled_total {self.cancelled_total}",
-            "# HELP vllm:prefix_cache_queries_total Prompt tokens looked up in the prefix cache.",
-            "# TYPE vllm:prefix_cache_queries_total counter",
-            f"vllm:prefix_cache_queries_total {self.cache.prompt_tokens}",
-            "# HELP vllm:prefix_cache_hits_total Prompt tokens found in the prefix cache.",
-            "# TYPE vllm:prefix_cache_hits_total counter",
-            f"vllm:prefix_cache_hits_total {self.cache.hit_tokens}",
-        ]
+        lines = self.load_lines()
+        lines += _family(
+            "gpufleet_sim_cancelled_total",
+            "counter",
+            "Requests whose client went away.",
+            self.cancelled_total,
+        )
+        if self.settings.kind == "vllm":
+            model = _labels(self.settings.models[0])
+            lines += _family(
+                "vllm:request_success_total",
+                "counter",
+                "Finished requests.",
+                self.requests_total,
+                model,
+            )
+            lines += _family(
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prompt tokens looked up in the prefix cache.",
+                self.cache.prompt_tokens,
+                model,
+            )
+            lines += _family(
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prompt tokens found in the prefix cache.",
+                self.cache.hit_tokens,
+                model,
+            )
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    def load_lines(self) -> list[str]:
+        """The engine's load under its kind's own metric names, with live values."""
+        queue = self.scheduler
+        labels = _labels(self.settings.models[0])
+        names = LOAD_METRICS[self.settings.kind]
+        return (
+            _family(names[0], "gauge", "Requests waiting to be scheduled.", queue.waiting, labels)
+            + _family(names[1], "gauge", "Requests running.", queue.running, labels)
+            + _family(names[2], "gauge", "KV-cache usage (1 = full).", queue.kv_usage, labels)
+        )
 
     async def clear_cache(self, request: web.Request) -> web.Response:
         self.cache.clear()
@@ -466,6 +494,26 @@ class SimEngine:
         except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
             raise _error(400, str(exc)) from None
         return _json_response(asdict(self.settings.faults))
+
+
+# (waiting, running, KV use) as each engine names them.
+LOAD_METRICS = {
+    "vllm": ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"),
+    "sglang": ("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage"),
+    "llama.cpp": (
+        "llamacpp:requests_deferred",
+        "llamacpp:requests_processing",
+        "llamacpp:kv_cache_usage_ratio",
+    ),
+}
+
+
+def _labels(model: str) -> str:
+    return '{model_name="' + model.replace("\\", "\\\\").replace('"', '\\"') + '"}'
+
+
+def _family(name: str, kind: str, help_text: str, value, labels: str = "") -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"]
 
 
 def _new_id(chat: bool) -> str:

@@ -44,9 +44,13 @@ class PrefixCache:
         self.hit_tokens = 0
         self.prompt_tokens = 0
 
+    @staticmethod
+    def tokens(text: str) -> int:
+        return max(1, len(text) // CHARS_PER_TOKEN)
+
     def serve(self, text: str) -> tuple[int, int]:
         """(prompt tokens, of which cached) for a prompt, which is then cached in turn."""
-        tokens = max(1, len(text) // CHARS_PER_TOKEN)
+        tokens = self.tokens(text)
         chain = hashlib.blake2b(digest_size=16)
         cached, still_hitting = 0, True
         step = BLOCK * CHARS_PER_TOKEN
@@ -65,6 +69,12 @@ class PrefixCache:
         self.prompt_tokens += tokens
         self.hit_tokens += cached
         return tokens, cached
+
+    def evict_to(self, blocks: int) -> None:
+        """Forget the least recently used blocks until at most `blocks` remain (their room is
+        wanted by running sequences)."""
+        while len(self.blocks) > max(0, blocks):
+            self.blocks.popitem(last=False)
 
     def clear(self) -> None:
         self.blocks.clear()

@@ -29,8 +29,8 @@ def client(base: str, **kw) -> openai.OpenAI:
 def engine_metric(engine: str, name: str) -> float:
     _, text = get(engine + "/metrics")
     for line in text.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+        if line.startswith((name + " ", name + "{")):
+            return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in metrics")
 
 
