@@ -15,6 +15,12 @@ cdef struct Slot:
     int64_t ejected_until_ns # 0 when not ejected
     int64_t last_ejection_end_ns
     uint64_t id_hash         # where the endpoint sits for keyed picks (endpoint_hash of its id)
+    int64_t acquired         # requests this router has sent to it, ever
+    # The engine's own load, as the load reader last read it (router/engineload.py):
+    int32_t engine_load      # its waiting + running
+    int32_t kv_full          # its KV-cache use above the table's threshold
+    int64_t load_mark        # `acquired` when that reading was asked for
+    int64_t load_until_ns    # the reading is used until then; 0: no reading
 
 
 cdef struct Model:
@@ -48,6 +54,8 @@ cdef class EndpointTable:
     cdef readonly double load_factor
     cdef readonly int64_t last_snapshot_lock_ns
     cdef readonly int64_t ejections_total
+    cdef readonly double kv_threshold
+    cdef bint _readings      # any engine reading was ever given: picks need the clock
 
     cpdef int acquire(self, str model, uint64_t key=*, tuple exclude=*) except? -9
     cpdef bint release(self, int slot, bint failed=*) noexcept
@@ -56,6 +64,6 @@ cdef class EndpointTable:
     cdef int64_t _now(self) noexcept nogil
     cdef int32_t _keyed_pick(self, Model* mdl, uint64_t key, int32_t* excluded,
                              int32_t n_excluded, int32_t usable, int32_t model_load,
-                             int32_t least) noexcept
+                             int32_t least, int64_t now) noexcept
     cdef bint _try_eject(self, Slot* s, int64_t now) noexcept
     cdef _apply(self, dict wanted, object version)

@@ -35,15 +35,20 @@ class EndpointTable:
         max_ejection_percent: int = 50,
         max_in_flight: int = 0,
         load_factor: float = 1.25,
+        kv_threshold: float = 0.8,
     ) -> None: ...
     load_factor: float
     """c of the bounded-load rule for keyed picks (>= 1)."""
+    kv_threshold: float
+    """KV-cache use above which keyed picks count an endpoint as full."""
     def acquire(self, model: str, key: int = 0, exclude: tuple[int, ...] = ()) -> int:
         """Pick a non-ejected endpoint of `model` whose slot is not in `exclude` (at most 16
         slots: those this request already tried) and count the request on it, which reports
         as used now until its release stamps the end of the use.
 
-        key 0: least in-flight, ties rotate. A non-zero key (a 64-bit hash of a session or a
+        An endpoint's load: its engine's waiting + running at a fresh reading (set_load) plus
+        the requests sent to it since; without one, its in-flight count here.
+        key 0: least loaded, ties rotate. A non-zero key (a 64-bit hash of a session or a
         prompt prefix, computed by the caller): rendezvous hashing with bounded loads, the
         endpoint with the highest score for the key among those whose in-flight count stays
         within ceil(load_factor * (model in-flight + 1) / usable endpoints); the least loaded
@@ -57,6 +62,23 @@ class EndpointTable:
     def snapshot(self) -> dict[str, dict[str, float]]:
         """{"used": {id: seconds since last use}, "watched": {id: seconds watched}}.
         `used` holds only endpoints used since watched; in-flight ones report 0."""
+    def load_targets(self, recent_s: float) -> list[tuple[int, str, str, int]]:
+        """[(slot, id, url, mark)]: every endpoint of each model sent to within `recent_s`
+        (or with a request in flight), with the mark set_load wants back."""
+    def set_load(
+        self,
+        slot: int,
+        endpoint_id: str,
+        waiting: int,
+        running: int,
+        kv_use: float,
+        mark: int,
+        valid_s: float,
+    ) -> bool:
+        """Take an engine's reading for `slot`, used for `valid_s`; False when the slot no
+        longer holds `endpoint_id`."""
+    def load_of(self, slot: int) -> tuple[int, bool, bool]:
+        """(load as picks see it, from a fresh reading, KV-full)."""
     def endpoint_id(self, slot: int) -> str | None:
         """None once the endpoint was removed; IndexError for a slot that never existed."""
     def endpoint_url(self, slot: int) -> str | None:

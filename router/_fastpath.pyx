@@ -75,6 +75,18 @@ cdef inline bint within_bound(int32_t in_flight, int32_t usable, double load_fac
     return in_flight * usable < load_factor * (model_load + 1)
 
 
+cdef inline int32_t slot_load(Slot* s, int64_t now) noexcept nogil:
+    # The engine's waiting + running at a fresh reading, plus what this router sent since it
+    # was asked for; without one, this router's own requests in flight.
+    if s.load_until_ns > now:
+        return s.engine_load + <int32_t>(s.acquired - s.load_mark)
+    return s.in_flight
+
+
+cdef inline bint kv_full(Slot* s, int64_t now) noexcept nogil:
+    return s.kv_full and s.load_until_ns > now
+
+
 cdef inline bint is_excluded(int32_t slot, int32_t* excluded, int32_t n_excluded) noexcept nogil:
     cdef int32_t i
     for i in range(n_excluded):
@@ -111,6 +123,7 @@ cdef class EndpointTable:
         int max_ejection_percent=50,
         int max_in_flight=0,
         double load_factor=1.25,
+        double kv_threshold=0.8,
     ):
         if failures_to_eject < 1:
             raise ValueError("failures_to_eject must be at least 1")
@@ -118,7 +131,11 @@ cdef class EndpointTable:
             raise ValueError("max_ejection_percent must be within 0..100")
         if not load_factor >= 1.0:
             raise ValueError("load_factor must be at least 1")
+        if not 0.0 < kv_threshold <= 1.0:
+            raise ValueError("kv_threshold must be within (0, 1]")
         self.load_factor = load_factor
+        self.kv_threshold = kv_threshold
+        self._readings = False
         self.failures_to_eject = failures_to_eject
         self.base_ejection_ns = <int64_t>(base_ejection_s * 1e9)
         self.max_ejection_ns = <int64_t>(max_ejection_s * 1e9)
@@ -158,14 +175,17 @@ cdef class EndpointTable:
         until the matching release stamps the end of the use).
 
         Endpoints that are ejected or whose slot is in `exclude` (the slots this request
-        already tried) are skipped. With key 0: the least in-flight, ties rotate. With a key:
+        already tried) are skipped. An endpoint's load is its engine's waiting + running at a
+        fresh reading (`set_load`) plus the requests sent to it since, else this router's
+        requests in flight on it. With key 0: the least loaded, ties rotate. With a key:
         rendezvous hashing with bounded loads, the highest-scoring endpoint for the key whose
-        in-flight count stays within ceil(load_factor * (model in-flight + 1) / usable).
+        load stays within ceil(load_factor * (model load + 1) / usable) and whose KV cache is
+        not full.
 
         Returns the slot, or NO_MODEL (unknown model), NO_ENDPOINT (no usable endpoint),
         SATURATED (the pick is at max_in_flight).
         """
-        cdef int32_t m, i, pos, slot, best = -1, best_pos = 0, best_load = 0
+        cdef int32_t m, i, pos, slot, load, best = -1, best_pos = 0, best_load = 0
         cdef int32_t usable = 0, model_load = 0, n_excluded = 0, top = -1
         cdef uint64_t score, top_score = 0
         cdef int32_t excluded[MAX_EXCLUDED_]
@@ -185,9 +205,10 @@ cdef class EndpointTable:
             return NO_MODEL_
         m = found
         mdl = &self._models[m]
-        # The clock is needed only to lift expired ejections. The last use is stamped by
-        # release: while a request is in flight the endpoint counts as in use now anyway.
-        cdef int64_t now = self._now() if mdl.ejected > 0 else 0
+        # The clock is needed only to lift expired ejections and to tell fresh readings. The
+        # last use is stamped by release: while a request is in flight the endpoint counts as
+        # in use now anyway.
+        cdef int64_t now = self._now() if mdl.ejected > 0 or self._readings else 0
         pos = mdl.cursor
         for i in range(mdl.count):
             if pos == mdl.count:
@@ -205,11 +226,12 @@ cdef class EndpointTable:
                 pos += 1
                 continue
             usable += 1
-            model_load += s.in_flight
-            if best == -1 or s.in_flight < best_load:
+            load = slot_load(s, now)
+            model_load += load
+            if best == -1 or load < best_load:
                 best = slot
                 best_pos = pos
-                best_load = s.in_flight
+                best_load = load
             if key != 0:
                 score = key_score(key, s.id_hash)
                 if top == -1 or score > top_score:
@@ -221,16 +243,22 @@ cdef class EndpointTable:
             return NO_ENDPOINT_
         if key != 0:
             # Most often the key's own endpoint is within the bound: no second pass then.
-            if within_bound(self._slots[top].in_flight, usable, self.load_factor, model_load):
+            s = &self._slots[top]
+            if within_bound(slot_load(s, now), usable, self.load_factor, model_load) and not kv_full(
+                s, now
+            ):
                 best = top
             else:
-                best = self._keyed_pick(mdl, key, excluded, n_excluded, usable, model_load, best)
-            best_load = self._slots[best].in_flight
-        if self.max_in_flight > 0 and best_load >= self.max_in_flight:
+                best = self._keyed_pick(
+                    mdl, key, excluded, n_excluded, usable, model_load, best, now
+                )
+        # The cap is on this router's own requests, whatever the engines say.
+        if self.max_in_flight > 0 and self._slots[best].in_flight >= self.max_in_flight:
             table_lock_release(&self._lock)
             return SATURATED_
         s = &self._slots[best]
         s.in_flight += 1
+        s.acquired += 1
         if key == 0:
             mdl.cursor = best_pos + 1 if best_pos + 1 < mdl.count else 0
         table_lock_release(&self._lock)
@@ -238,7 +266,7 @@ cdef class EndpointTable:
 
     cdef int32_t _keyed_pick(self, Model* mdl, uint64_t key, int32_t* excluded,
                              int32_t n_excluded, int32_t usable, int32_t model_load,
-                             int32_t least) noexcept:
+                             int32_t least, int64_t now) noexcept:
         # Rendezvous hashing with bounded loads; `least` when no endpoint is within the bound.
         cdef int32_t i, slot, best = -1
         cdef uint64_t score, best_score = 0
@@ -246,8 +274,8 @@ cdef class EndpointTable:
         for i in range(mdl.count):
             slot = self._model_slots[mdl.first + i]
             s = &self._slots[slot]
-            if s.ejected_until_ns != 0 or not within_bound(
-                s.in_flight, usable, self.load_factor, model_load
+            if s.ejected_until_ns != 0 or kv_full(s, now) or not within_bound(
+                slot_load(s, now), usable, self.load_factor, model_load
             ):
                 continue
             if n_excluded and is_excluded(slot, excluded, n_excluded):
@@ -391,6 +419,8 @@ cdef class EndpointTable:
             s.id_hash = id_hash
             if fresh:
                 s.in_flight = 0
+                s.acquired = 0
+                s.load_until_ns = 0
                 s.last_used_ns = NEVER
                 s.watched_since_ns = now
                 s.consecutive_failures = 0
@@ -470,6 +500,85 @@ cdef class EndpointTable:
         finally:
             free(copy)
         return {"used": used, "watched": watched, "in_flight": in_flight}
+
+    def load_targets(self, double recent_s):
+        """[(slot, endpoint id, url, mark)] of every endpoint of each model this router sent a
+        request to within `recent_s` (or has one in flight to): what the load reader reads.
+        Pass `mark` back to `set_load` with the reading."""
+        cdef int32_t m, i, slot, n = 0, n_models
+        cdef int32_t* slots = NULL
+        cdef int64_t* marks = NULL
+        cdef int64_t now, since
+        cdef bint recent
+        cdef Slot* s
+        self._lock_acquire()
+        # Allocated under the lock, once a round: the table cannot change size meanwhile.
+        slots = <int32_t*>malloc(max(1, self._slot_count) * sizeof(int32_t))
+        marks = <int64_t*>malloc(max(1, self._slot_count) * sizeof(int64_t))
+        if slots == NULL or marks == NULL:
+            table_lock_release(&self._lock)
+            free(slots)
+            free(marks)
+            raise MemoryError()
+        now = self._now()
+        since = now - <int64_t>(recent_s * 1e9)
+        n_models = len(self._model_names)
+        for m in range(n_models):
+            recent = False
+            for i in range(self._models[m].count):
+                s = &self._slots[self._model_slots[self._models[m].first + i]]
+                if s.in_flight > 0 or (s.last_used_ns != NEVER and s.last_used_ns >= since):
+                    recent = True
+                    break
+            if not recent:
+                continue
+            for i in range(self._models[m].count):
+                slot = self._model_slots[self._models[m].first + i]
+                slots[n] = slot
+                marks[n] = self._slots[slot].acquired
+                n += 1
+        ids, urls = self._ids, self._urls
+        table_lock_release(&self._lock)
+        try:
+            return [(slots[i], ids[slots[i]], urls[slots[i]], marks[i]) for i in range(n)]
+        finally:
+            free(slots)
+            free(marks)
+
+    def set_load(self, int slot, str endpoint_id, int waiting, int running, double kv_use,
+                 int64_t mark, double valid_s):
+        """Take an engine's reading for `slot` (if it still holds `endpoint_id`): used by picks
+        for `valid_s`, counting the requests sent since `mark` (from `load_targets`) on top.
+        Returns whether it was taken."""
+        cdef bint taken = False
+        cdef int64_t load = <int64_t>max(0, waiting) + max(0, running)
+        cdef Slot* s
+        self._lock_acquire()
+        if 0 <= slot < self._slot_count and self._slots[slot].model != SLOT_RETIRED:
+            if self._ids[slot] == endpoint_id:
+                s = &self._slots[slot]
+                s.engine_load = <int32_t>min(load, 1 << 30)
+                s.kv_full = kv_use > self.kv_threshold
+                s.load_mark = mark
+                s.load_until_ns = self._now() + <int64_t>(valid_s * 1e9)
+                self._readings = True
+                taken = True
+        table_lock_release(&self._lock)
+        return taken
+
+    def load_of(self, int slot):
+        """(load as picks see it now, whether from a fresh reading, whether KV-full)."""
+        cdef int32_t load = 0
+        cdef bint fresh = False, full = False
+        cdef int64_t now
+        self._lock_acquire()
+        if 0 <= slot < self._slot_count:
+            now = self._now()
+            load = slot_load(&self._slots[slot], now)
+            fresh = self._slots[slot].load_until_ns > now
+            full = kv_full(&self._slots[slot], now)
+        table_lock_release(&self._lock)
+        return load, fresh, full
 
     def endpoint_id(self, int slot):
         """Id of the endpoint in `slot` (None once it has been removed)."""

@@ -51,11 +51,21 @@ class _Slot:
         "ejected_until_ns",
         "last_ejection_end_ns",
         "id_hash",
+        "acquired",
+        "engine_load",
+        "kv_full",
+        "load_mark",
+        "load_until_ns",
     )
 
     def __init__(self, model: int, now: int) -> None:
         self.model = model
         self.id_hash = 0
+        self.acquired = 0
+        self.engine_load = 0
+        self.kv_full = False
+        self.load_mark = 0
+        self.load_until_ns = 0
         self.in_flight = 0
         self.last_used_ns = _NEVER
         self.watched_since_ns = now
@@ -63,6 +73,18 @@ class _Slot:
         self.ejections = 0
         self.ejected_until_ns = 0
         self.last_ejection_end_ns = 0
+
+
+def _load(s: _Slot, now: int) -> int:
+    """The engine's waiting + running at a fresh reading plus what was sent since it was asked
+    for; without one, this router's own requests in flight."""
+    if s.load_until_ns > now:
+        return s.engine_load + s.acquired - s.load_mark
+    return s.in_flight
+
+
+def _kv_full(s: _Slot, now: int) -> bool:
+    return s.kv_full and s.load_until_ns > now
 
 
 class _Model:
@@ -85,6 +107,7 @@ class EndpointTable:
         max_ejection_percent: int = 50,
         max_in_flight: int = 0,
         load_factor: float = 1.25,
+        kv_threshold: float = 0.8,
     ) -> None:
         if failures_to_eject < 1:
             raise ValueError("failures_to_eject must be at least 1")
@@ -92,7 +115,11 @@ class EndpointTable:
             raise ValueError("max_ejection_percent must be within 0..100")
         if not load_factor >= 1.0:
             raise ValueError("load_factor must be at least 1")
+        if not 0.0 < kv_threshold <= 1.0:
+            raise ValueError("kv_threshold must be within (0, 1]")
         self.load_factor = load_factor
+        self.kv_threshold = kv_threshold
+        self._readings = False
         self.failures_to_eject = failures_to_eject
         self.base_ejection_ns = int(base_ejection_s * 1e9)
         self.max_ejection_ns = int(max_ejection_s * 1e9)
@@ -127,8 +154,9 @@ class EndpointTable:
             if m is None:
                 return NO_MODEL
             mdl = self._models[m]
-            # Only expired ejections need the clock; release stamps the last use.
-            now = self._now() if mdl.ejected > 0 else 0
+            # Only expired ejections and fresh readings need the clock; release stamps the
+            # last use.
+            now = self._now() if mdl.ejected > 0 or self._readings else 0
             count = len(mdl.slots)
             best = -1
             best_pos = 0
@@ -148,41 +176,42 @@ class EndpointTable:
                 if slot in exclude:
                     continue
                 usable += 1
-                model_load += s.in_flight
-                if best == -1 or s.in_flight < best_load:
-                    best, best_pos, best_load = slot, pos, s.in_flight
+                load = _load(s, now)
+                model_load += load
+                if best == -1 or load < best_load:
+                    best, best_pos, best_load = slot, pos, load
             if best == -1:
                 return NO_ENDPOINT
             if key:
-                best, best_load = self._keyed_pick(
-                    mdl, key, exclude, usable, model_load, best, best_load
-                )
-            if self.max_in_flight > 0 and best_load >= self.max_in_flight:
+                best = self._keyed_pick(mdl, key, exclude, usable, model_load, best, now)
+            # The cap is on this router's own requests, whatever the engines say.
+            if self.max_in_flight > 0 and self._slots[best].in_flight >= self.max_in_flight:
                 return SATURATED
             s = self._slots[best]
             s.in_flight += 1
+            s.acquired += 1
             if not key:
                 mdl.cursor = (best_pos + 1) % count
             return best
 
-    def _keyed_pick(self, mdl, key, exclude, usable, model_load, least, least_load):
+    def _keyed_pick(self, mdl, key, exclude, usable, model_load, least, now):
         """Rendezvous hashing with bounded loads: the usable endpoint with the highest score
-        for `key` among those whose load stays within the bound once this request is added."""
-        best, best_load, best_score = -1, 0, -1
+        for `key` among those whose load stays within the bound once this request is added
+        and whose KV cache is not full; `least` when there is none."""
+        best, best_score = -1, -1
         for slot in mdl.slots:
             s = self._slots[slot]
             if (
                 s.ejected_until_ns != 0
                 or slot in exclude
-                or not within_bound(s.in_flight, usable, self.load_factor, model_load)
+                or _kv_full(s, now)
+                or not within_bound(_load(s, now), usable, self.load_factor, model_load)
             ):
                 continue
             score = key_score(key, s.id_hash)
             if score > best_score:
-                best, best_load, best_score = slot, s.in_flight, score
-        if best == -1:
-            return least, least_load
-        return best, best_load
+                best, best_score = slot, score
+        return least if best == -1 else best
 
     def release(self, slot: int, failed: bool = False) -> bool:
         if slot < 0:
@@ -302,6 +331,55 @@ class EndpointTable:
             elif last_used_ns != _NEVER:
                 used.setdefault(endpoint_id, max(0.0, (now - last_used_ns) / 1e9))
         return {"used": used, "watched": watched, "in_flight": busy}
+
+    def load_targets(self, recent_s: float) -> list[tuple[int, str, str, int]]:
+        with self._lock:
+            since = self._now() - int(recent_s * 1e9)
+            out = []
+            for mdl in self._models:
+                if any(
+                    self._slots[slot].in_flight > 0
+                    or (
+                        self._slots[slot].last_used_ns != _NEVER
+                        and self._slots[slot].last_used_ns >= since
+                    )
+                    for slot in mdl.slots
+                ):
+                    out += [
+                        (slot, self._ids[slot], self._urls[slot], self._slots[slot].acquired)
+                        for slot in mdl.slots
+                    ]
+            return out
+
+    def set_load(
+        self,
+        slot: int,
+        endpoint_id: str,
+        waiting: int,
+        running: int,
+        kv_use: float,
+        mark: int,
+        valid_s: float,
+    ) -> bool:
+        with self._lock:
+            if not 0 <= slot < len(self._slots) or self._slots[slot].model == _RETIRED:
+                return False
+            if self._ids[slot] != endpoint_id:
+                return False
+            s = self._slots[slot]
+            s.engine_load = min(max(0, waiting) + max(0, running), 1 << 30)
+            s.kv_full = kv_use > self.kv_threshold
+            s.load_mark = mark
+            s.load_until_ns = self._now() + int(valid_s * 1e9)
+            self._readings = True
+            return True
+
+    def load_of(self, slot: int) -> tuple[int, bool, bool]:
+        with self._lock:
+            if not 0 <= slot < len(self._slots):
+                return 0, False, False
+            now, s = self._now(), self._slots[slot]
+            return _load(s, now), s.load_until_ns > now, _kv_full(s, now)
 
     def endpoint_id(self, slot: int) -> str | None:
         if not 0 <= slot < len(self._ids):

@@ -283,3 +283,85 @@ def test_a_removed_endpoint_with_requests_on_it_is_still_reported_in_use(fastpat
     table.release(slot)
     snap = table.snapshot()
     assert "a" not in snap["in_flight"] and "a" not in snap["used"]
+
+
+# Engine-reported load (router/engineload.py gives the readings).
+
+
+@pytest.fixture(params=["extension", "twin"])
+def loaded_table(request):
+    from router import _fastpath, fastpath_py
+
+    module = _fastpath if request.param == "extension" else fastpath_py
+    table = module.EndpointTable(load_factor=1.25, kv_threshold=0.8)
+    table.update({"m": [("a", "http://a"), ("b", "http://b"), ("c", "http://c")]})
+    table._pin_clock(100.0)
+    return table
+
+
+def slot_of(table, endpoint_id):
+    return next(slot for slot, eid, _ in table.endpoints("m") if eid == endpoint_id)
+
+
+def test_a_fresh_reading_is_the_load_a_pick_sees_plus_what_was_sent_since(loaded_table):
+    table = loaded_table
+    a, b, c = (slot_of(table, e) for e in "abc")
+    marks = {slot: mark for slot, _, _, mark in table.load_targets(60)}
+    assert marks == {}, "nothing sent yet: no model to read"
+    table.release(table.acquire("m"))
+    marks = {slot: mark for slot, _, _, mark in table.load_targets(60)}
+    assert set(marks) == {a, b, c}
+    # Another router's requests queue on a and b: this router sees them only through the engine.
+    assert table.set_load(a, "a", 5, 8, 0.1, marks[a], 0.3)
+    assert table.set_load(b, "b", 0, 4, 0.1, marks[b], 0.3)
+    assert table.set_load(c, "c", 0, 1, 0.1, marks[c], 0.3)
+    picks = [table.acquire("m") for _ in range(4)]
+    assert picks[:3] == [c, c, c] and picks[3] in (b, c)
+    assert table.load_of(c) == (4, True, False)
+
+
+def test_a_stale_reading_is_not_used(loaded_table):
+    table = loaded_table
+    a = slot_of(table, "a")
+    table.set_load(a, "a", 50, 0, 0.0, 0, 0.3)
+    table._pin_clock(100.31)
+    assert table.load_of(a) == (0, False, False)
+    picks = {table.acquire("m") for _ in range(3)}
+    assert len(picks) == 3, "own counts again: one each"
+
+
+def test_a_reading_for_an_endpoint_that_left_its_slot_is_refused(loaded_table):
+    table = loaded_table
+    a = slot_of(table, "a")
+    table.update({"m": [("b", "http://b"), ("c", "http://c")]})
+    assert not table.set_load(a, "a", 5, 5, 0.0, 0, 1.0)
+    assert not table.set_load(999, "a", 5, 5, 0.0, 0, 1.0)
+
+
+def test_affinity_passes_over_a_replica_whose_kv_cache_is_full(loaded_table):
+    table = loaded_table
+    key = 12345
+    preferred = table.acquire("m", key)
+    table.release(preferred)
+    eid = table.endpoint_id(preferred)
+    table.set_load(preferred, eid, 0, 0, 0.95, 0, 1.0)
+    assert table.load_of(preferred)[2]
+    assert table.acquire("m", key) != preferred
+    table.set_load(preferred, eid, 0, 0, 0.5, 0, 1.0)
+    assert table.acquire("m", key) == preferred
+
+
+def test_the_in_flight_cap_stays_on_this_routers_own_requests(loaded_table):
+    from router import fastpath_py
+
+    table = type(loaded_table)(max_in_flight=1)
+    table.update({"m": [("a", "http://a")]})
+    table.set_load(0, "a", 0, 0, 0.0, 0, 60)
+    assert table.acquire("m") == 0
+    assert table.acquire("m") == fastpath_py.SATURATED
+
+
+def test_without_readings_the_pick_is_todays(loaded_table):
+    table = loaded_table
+    picks = [table.acquire("m") for _ in range(6)]
+    assert sorted(picks) == sorted([slot_of(table, e) for e in "abc"] * 2)

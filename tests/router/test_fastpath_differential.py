@@ -29,6 +29,17 @@ operations = st.lists(
         st.tuples(st.just("release"), st.tuples(st.integers(0, 40), st.booleans())),
         st.tuples(st.just("tick"), st.floats(0, 100)),
         st.tuples(st.just("snapshot"), st.none()),
+        st.tuples(
+            st.just("reading"),
+            st.tuples(
+                st.integers(0, 12),
+                st.integers(0, 50),
+                st.integers(0, 50),
+                st.floats(0, 1),
+                st.floats(0.1, 3),
+            ),
+        ),
+        st.tuples(st.just("targets"), st.floats(0, 120)),
     ),
     max_size=60,
 )
@@ -63,6 +74,19 @@ def test_extension_and_twin_agree(ops):
                     results.append((slot, table.release(slot, failed=failed)))
             elif op == "tick":
                 table._pin_clock(now + arg)
+            elif op == "reading":
+                slot, waiting, running, kv_use, valid_s = arg
+                try:
+                    endpoint = table.endpoint_id(slot)
+                except IndexError:
+                    endpoint = None
+                marks = {t[0]: t[3] for t in table.load_targets(1e9)}
+                taken = table.set_load(
+                    slot, str(endpoint), waiting, running, kv_use, marks.get(slot, 0), valid_s
+                )
+                results.append((taken, table.load_of(slot)))
+            elif op == "targets":
+                results.append(table.load_targets(arg))
             else:
                 results.append(table.snapshot())
         if op == "tick":
