@@ -14,13 +14,21 @@ log = logging.getLogger("gpurouter.activity")
 
 
 def activity_report(
-    router_id: str, incarnation: str, started: float, table, waiting: dict | None = None
+    router_id: str,
+    incarnation: str,
+    started: float,
+    table,
+    waiting: dict | None = None,
+    engine_load: dict | None = None,
 ) -> dict:
     """DESIGN.md's report: who reports (identity and incarnation), its uptime, the route
     version it holds, the snapshot's `used`, `watched` and per-replica `in_flight` maps (removed
-    replicas still carrying requests too), and the requests it holds per model, `waiting`."""
+    replicas still carrying requests too), the requests it holds per model, `waiting`, and
+    what it last read of the engines' own load, `engine_load` (replica -> [waiting, running,
+    KV use, seconds since read])."""
     snapshot = table.snapshot()
     return {
+        "engine_load": engine_load or {},
         "router": router_id,
         "incarnation": incarnation,
         "uptime_s": time.monotonic() - started,
@@ -42,6 +50,7 @@ class ActivityReporter:
         table,
         token: str | None,
         started: float,
+        engine_load=None,
     ) -> None:
         self.session = session
         self.control_planes = control_planes  # router/leader.py
@@ -49,6 +58,7 @@ class ActivityReporter:
         self.incarnation = incarnation
         self.table = table
         self.started = started
+        self.engine_load = engine_load  # () -> the reader's readings, or None
         self.headers = {"Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
@@ -60,7 +70,12 @@ class ActivityReporter:
         """Post one report; `goodbye` marks the last one of a clean shutdown, `prompt` one sent
         between ticks, that a replica on its way out may be waiting for (router/acks.py)."""
         report = activity_report(
-            self.router_id, self.incarnation, self.started, self.table, waiting
+            self.router_id,
+            self.incarnation,
+            self.started,
+            self.table,
+            waiting,
+            self.engine_load() if self.engine_load else None,
         )
         if goodbye:
             report["goodbye"] = True

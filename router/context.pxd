@@ -27,6 +27,7 @@ cdef class ProxyContext:
     cdef public dict waiting_reason
     cdef public object on_demand
     cdef public dict affinity_by_model
+    cdef public object extra_metrics
     # settings read on every request, copied from `config`
     cdef public bint keys_required
     cdef public str affinity

@@ -81,6 +81,8 @@ class ProxyContext:
         self.waiting_reason: dict[str, str] = {}
         self.on_demand: Callable[[str, int], None] | None = None
         self.affinity_by_model: dict[str, str] = {}  # per-model overrides of config.affinity
+        # () -> more Prometheus lines of this process (the engine-load reader's)
+        self.extra_metrics: Callable[[], list[str]] | None = None
         # Settings read on every request, kept as typed attributes of their own.
         self.keys_required = bool(config.api_keys)
         self.affinity = config.affinity
@@ -202,7 +204,10 @@ class ProxyContext:
             for slot, replica, _ in table.endpoints(model)
             if table.is_ejected(slot)
         ]
-        return render(totals, table, ejected)
+        text = render(totals, table, ejected)
+        if self.extra_metrics is not None:
+            text += ("\n".join(self.extra_metrics()) + "\n").encode()
+        return text
 
     def activity(self) -> dict:
         return activity_report(

@@ -136,6 +136,21 @@ def read_token(path: str | None) -> str | None:
     help="A preferred replica is passed over once its load exceeds this times the mean.",
 )
 @click.option(
+    "--load-interval",
+    type=click.FloatRange(min=0),
+    default=0.1,
+    show_default=True,
+    help="How often (s) the engines' own queue and KV-cache use are read, for the replicas of"
+    " models sent to in the last minute (0: never; picks use this router's own counts).",
+)
+@click.option(
+    "--kv-threshold",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=0.8,
+    show_default=True,
+    help="KV-cache use at which affinity passes a replica over as full.",
+)
+@click.option(
     "--park-max",
     default=1000,
     show_default=True,
@@ -169,6 +184,8 @@ def main(
     affinity,
     affinity_prefix_chars,
     affinity_load_factor,
+    load_interval,
+    kv_threshold,
     park_max,
     park_timeout,
     log_level,
@@ -206,6 +223,8 @@ def main(
         reuse_port=workers > 1,
         max_in_flight=max_in_flight,
         load_factor=affinity_load_factor,
+        load_interval_s=load_interval,
+        kv_threshold=kv_threshold,
         proxy=ProxyConfig(
             max_body_bytes=max_body_bytes,
             connect_timeout_s=connect_timeout,

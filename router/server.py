@@ -17,6 +17,7 @@ from router.acks import PromptAcks
 from router.activity import ActivityReporter
 from router.catalog import ModelCatalog
 from router.context import ProxyConfig, ProxyContext
+from router.engineload import LoadReader
 from router.fastpath import EndpointTable
 from router.front import ClientConnection
 from router.leader import ControlPlanes
@@ -44,6 +45,8 @@ class RouterSettings:
     reuse_port: bool = False
     max_in_flight: int = 0
     load_factor: float = 1.25  # affinity: how far over the mean a replica's load may go
+    load_interval_s: float = 0.1  # how often the engines' own load is read; 0: never
+    kv_threshold: float = 0.8  # KV-cache use at which affinity counts a replica as full
     metrics_folder: str | None = None  # with several workers: where they pool their counters
     worker: int = 0
     catalog_every_s: float = 10.0
@@ -63,7 +66,14 @@ class RouterServer:
     def __init__(self, settings: RouterSettings) -> None:
         self.settings = settings
         self.table = EndpointTable(
-            max_in_flight=settings.max_in_flight, load_factor=settings.load_factor
+            max_in_flight=settings.max_in_flight,
+            load_factor=settings.load_factor,
+            kv_threshold=settings.kv_threshold,
+        )
+        self.load_reader = (
+            LoadReader(self.table, settings.load_interval_s)
+            if settings.load_interval_s > 0
+            else None
         )
         if settings.static_routes:
             self.table.update(settings.static_routes)
@@ -96,6 +106,9 @@ class RouterServer:
             catalog=ModelCatalog(),
         )
         ctx.affinity_by_model = dict(settings.static_affinity)
+        if self.load_reader is not None:
+            ctx.extra_metrics = self.load_reader.metrics_lines
+            self.load_reader.start()
         server = await loop.create_server(
             lambda: ClientConnection(ctx),
             settings.host,
@@ -125,6 +138,7 @@ class RouterServer:
                 self.table,
                 settings.token,
                 self.started,
+                engine_load=self.load_reader.report if self.load_reader else None,
             )
         tasks = [
             asyncio.create_task(self.tick(ctx)),
@@ -152,6 +166,8 @@ class RouterServer:
         finally:
             server.close()
             await self.drain(ctx)
+            if self.load_reader is not None:
+                self.load_reader.stop()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -33,18 +33,26 @@ MAX_BODY = 64 * 1024 * 1024
 WORDS = ("the", "fleet", "serves", "many", "models", "on", "few", "cards", "and", "routes", "well")
 
 
+METRICS_FAULTS = ("", "hang", "error", "huge", "nan", "negative", "unknown")
+
+
 @dataclass
 class Faults:
     error_rate: float = 0.0  # share of completions answered 500
     hang: bool = False  # accept completions and never answer
     close_after_tokens: int = -1  # cut each stream after this many tokens (-1: never)
     unhealthy: bool = False  # /health answers 503
+    # /metrics misbehaves: "" (not), hang, error (500), huge (10 MB), nan, negative, or
+    # unknown (no series a router knows)
+    metrics: str = ""
 
     def update(self, changes: dict) -> None:
         known = {f.name: f.type for f in fields(self)}
         for name, value in changes.items():
             if name not in known:
                 raise ValueError(f"unknown fault {name!r}; known: {', '.join(known)}")
+            if name == "metrics" and value not in METRICS_FAULTS:
+                raise ValueError(f"metrics: one of {', '.join(map(repr, METRICS_FAULTS))}")
             setattr(self, name, type(getattr(self, name))(value))
 
 
@@ -438,6 +446,9 @@ class SimEngine:
         return web.Response(text="")
 
     async def metrics(self, request: web.Request) -> web.Response:
+        fault = self.settings.faults.metrics
+        if fault:
+            return await self._bad_metrics(fault)
         lines = self.load_lines()
         lines += _family(
             "gpufleet_sim_cancelled_total",
@@ -469,6 +480,23 @@ class SimEngine:
                 model,
             )
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _bad_metrics(self, fault: str) -> web.Response:
+        if fault == "hang":
+            await asyncio.Event().wait()
+        if fault == "error":
+            return web.Response(status=500, text="metrics exporter failed")
+        if fault == "huge":
+            padding = "# " + "x" * 1022 + "\n"
+            return web.Response(text=padding * 10240 + "\n".join(self.load_lines()) + "\n")
+        if fault in ("nan", "negative"):
+            lines = self.load_lines()
+            lines[-1] = lines[-1].rsplit(" ", 1)[0] + (" NaN" if fault == "nan" else " -3")
+            return web.Response(text="\n".join(lines) + "\n")
+        # "unknown": a page that is Prometheus text, without any series of an engine's load
+        return web.Response(
+            text="# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.5\n"
+        )
 
     def load_lines(self) -> list[str]:
         """The engine's load under its kind's own metric names, with live values."""

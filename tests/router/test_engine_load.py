@@ -1,0 +1,165 @@
+"""The router reads the engines' own load off the request path: each engine kind's series,
+and every kind of bad metrics page (no answer, 500, 10 MB, NaN, negative, no known series)
+gives no reading and slows nothing."""
+
+import asyncio
+import math
+
+import pytest
+from aiohttp import web
+
+from router import _fastpath, fastpath_py
+from router.engineload import BadReading, LoadReader, Reading, parse_load
+from sim.engine import EngineSettings, Faults, SimEngine
+
+
+def test_each_engine_kinds_series_are_read_summed_over_label_sets():
+    vllm = (
+        b"# HELP vllm:num_requests_waiting Requests waiting.\n"
+        b"# TYPE vllm:num_requests_waiting gauge\n"
+        b'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+        b'vllm:num_requests_waiting{engine="1",model_name="m"} 2.0\n'
+        b'vllm:num_requests_running{model_name="m"} 8.0\n'
+        b'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
+        b"vllm:num_requests_running_total 99\n"
+    )
+    assert parse_load(vllm) == Reading(5, 8, 0.5)
+    sglang = b"sglang:num_queue_reqs 4\nsglang:num_running_reqs 2\nsglang:token_usage 0.25\n"
+    assert parse_load(sglang) == Reading(4, 2, 0.25)
+    llama = b"llamacpp:requests_deferred 1\nllamacpp:requests_processing 1"
+    assert parse_load(llama) == Reading(1, 1, 0.0)
+    older_vllm = b"vllm:num_requests_running 1\nvllm:gpu_cache_usage_perc 0.9\n"
+    assert parse_load(older_vllm) == Reading(0, 1, 0.9)
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        b"vllm:num_requests_waiting NaN\n",
+        b"vllm:num_requests_waiting -1\n",
+        b"vllm:kv_cache_usage_perc +Inf\n",
+        b"vllm:num_requests_running lots\n",
+        b'vllm:num_requests_running{model_name="m" 1\n',
+        b"vllm:num_requests_running \n",
+    ],
+)
+def test_a_value_that_is_not_a_finite_non_negative_number_gives_no_reading(page):
+    with pytest.raises(BadReading):
+        parse_load(page)
+
+
+def test_a_page_without_a_known_series_gives_none():
+    assert parse_load(b"") is None
+    assert parse_load(b"process_cpu_seconds_total 1\n# vllm:num_requests_waiting 3\n") is None
+    assert parse_load(b"\x00\xff garbage \n\n{}") is None
+    assert parse_load(b"vllm:num_requests_running\n") is None
+
+
+async def engines(faults: list[str]):
+    """Sim engines on loopback, one per metrics fault ("" for a healthy one)."""
+    runners, urls, sims = [], [], []
+    for fault in faults:
+        sim = SimEngine(EngineSettings(["m"], faults=Faults(metrics=fault)))
+        runner = web.AppRunner(
+            sim.app(), access_log=None, handler_cancellation=True, shutdown_timeout=0.1
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        sims.append(sim)
+        urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
+    return runners, urls, sims
+
+
+@pytest.mark.parametrize("module", [_fastpath, fastpath_py], ids=["extension", "twin"])
+def test_bad_metrics_give_no_reading_while_good_ones_are_read(module):
+    faults = ["", "hang", "error", "huge", "nan", "negative", "unknown"]
+
+    async def scenario():
+        runners, urls, sims = await engines(faults)
+        table = module.EndpointTable()
+        table.update({"m": [(f"r{i}", url) for i, url in enumerate(urls)]})
+        table.release(table.acquire("m"))  # sent to: its replicas are read
+        reader = LoadReader(table, interval_s=0.05)
+        reader.start()
+        try:
+            loop = asyncio.get_running_loop()
+            # While every round meets a hung page, a request's pick is never held up.
+            deadline = loop.time() + 1.0
+            slowest = 0.0
+            while loop.time() < deadline:
+                began = loop.time()
+                table.release(table.acquire("m"))
+                await asyncio.sleep(0.005)
+                slowest = max(slowest, loop.time() - began)
+            assert slowest < 0.1
+            fresh = {eid: table.load_of(slot)[1] for slot, eid, _ in table.endpoints("m")}
+            assert fresh == {f"r{i}": fault == "" for i, fault in enumerate(faults)}
+            outcomes = reader.outcomes
+            assert outcomes["ok"] >= 5 and outcomes["timeout"] >= 2
+            assert outcomes["http_error"] >= 5 and outcomes["too_large"] >= 5
+            assert outcomes["bad_value"] >= 10 and outcomes["no_series"] >= 5
+            assert set(reader.report()) == {"r0"}
+            assert reader.stale == len(faults) - 1
+            text = "\n".join(reader.metrics_lines())
+            assert 'gpurouter_engine_load_reads_total{outcome="timeout"}' in text
+            assert "gpurouter_engine_load_stale_endpoints 6" in text
+        finally:
+            reader.stop()
+            for runner in runners:
+                await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_a_reading_steers_picks_and_its_end_gives_them_back_to_own_counts():
+    async def scenario():
+        runners, urls, sims = await engines(["", ""])
+        table = _fastpath.EndpointTable()
+        table.update({"m": [("a", urls[0]), ("b", urls[1])]})
+        table.release(table.acquire("m"))
+        reader = LoadReader(table, interval_s=0.05)
+        reader.start()
+        try:
+            # Another router's requests hold engine a's queue.
+            sims[0].scheduler.running = 6
+            sims[0].scheduler.held_blocks = 0
+            await asyncio.sleep(0.2)
+            slot_a = next(s for s, eid, _ in table.endpoints("m") if eid == "a")
+            assert table.load_of(slot_a) == (6, True, False)
+            picks = [table.endpoint_id(table.acquire("m")) for _ in range(6)]
+            assert picks == ["b"] * 6, "b carries 6 of ours before a's 6 are matched"
+            assert reader.report()["a"][:2] == [0, 6]
+            reader.stop()
+            await asyncio.sleep(0.2)  # three intervals without a reading
+            assert table.load_of(slot_a) == (0, False, False)
+        finally:
+            reader.stop()
+            sims[0].scheduler.running = 0
+            for runner in runners:
+                await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_replicas_of_models_not_sent_to_in_the_last_minute_are_not_read():
+    async def scenario():
+        runners, urls, _ = await engines(["", ""])
+        table = _fastpath.EndpointTable()
+        table.update({"m": [("a", urls[0])], "quiet": [("b", urls[1])]})
+        table._pin_clock(1000.0)
+        table.release(table.acquire("m"))
+        table._pin_clock(1030.0)
+        assert [t[1] for t in table.load_targets(60)] == ["a"]
+        table._pin_clock(1061.0)
+        assert table.load_targets(60) == []
+        for runner in runners:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_kv_use_is_capped_at_one_and_nan_never_reaches_the_table():
+    assert parse_load(b"sglang:token_usage 3.5\nsglang:num_queue_reqs 0\n").kv_use == 1.0
+    assert not any(math.isnan(v) for v in (parse_load(b"sglang:token_usage 0\n").kv_use,))
