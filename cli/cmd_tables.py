@@ -49,7 +49,7 @@ def node_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
 def replica_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers = ["NAME", "MODEL", "STATE", "NODES", "GPUS", "IDLE", "AGE"]
     if wide:
-        headers += ["CARDS", "URL", "REASON"]
+        headers += ["WAITING", "RUNNING", "KV", "READ", "CARDS", "URL", "REASON"]
     rows = []
     for r in items:
         placement = r.get("placement") or []
@@ -66,9 +66,23 @@ def replica_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
         ]
         if wide:
             shown = " ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in placement)
+            row += engine_load_cells(r.get("engine_load"))
             row += [shown or "-", r["url"] or "-", r["reason"] or "-"]
         rows.append(row)
-    return table(headers, rows, no_headers, right={4}, width=width)
+    return table(headers, rows, no_headers, right={4, 7, 8, 9} if wide else {4}, width=width)
+
+
+def engine_load_cells(load: dict | None) -> list[str]:
+    """WAITING, RUNNING, KV and READ (how long ago): the engine's own load as routers last
+    read it; dashes when no router reads it (no traffic in the last minute)."""
+    if not load:
+        return ["-", "-", "-", "-"]
+    return [
+        str(load["waiting"]),
+        str(load["running"]),
+        f"{load['kv_use']:.0%}",
+        f"{load['age_s']:.1f}s ago",
+    ]
 
 
 def gpus_per_replica(m: dict) -> str:

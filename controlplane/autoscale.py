@@ -14,7 +14,13 @@ given a model's load and its window of past recommendations, how many replicas t
 
 load = requests in flight on the model's replicas plus its waiting requests, summed over live
 routers; recommended = ceil(load / target_in_flight), within [min_replicas, max_replicas], and
-at least 1 while requests wait. The window is a list of (time, recommendation) change points,
+at least 1 while requests wait. With `target_waiting`, the engines' own queues count too: when
+the requests queued inside its engines (as routers last read them, the freshest reading of
+each replica) exceed target_waiting per Ready replica, recommended is at least
+ceil(queued / target_waiting), the HPA's rule on an average (ceil(ready * mean / target)). It
+only scales out: an empty queue says nothing of how many replicas the load needs.
+
+The window is a list of (time, recommendation) change points,
 kept for `scale_down_delay` (plus the point in force at its start) and persisted, so that a
 control-plane restart neither scales in early nor forgets it.
 """
@@ -51,10 +57,12 @@ class Decision:
     window: Window
 
 
-def recommend(spec: ModelSpec, load: int, waiting: int) -> int:
+def recommend(spec: ModelSpec, load: int, waiting: int, queued: int = 0, ready: int = 0) -> int:
     wanted = math.ceil(load / spec.target_in_flight) if load else 0
     if waiting:
         wanted = max(wanted, 1)
+    if spec.target_waiting is not None and queued > spec.target_waiting * ready:
+        wanted = max(wanted, math.ceil(queued / spec.target_waiting))
     return min(max(wanted, spec.floor), spec.ceiling)
 
 
@@ -67,15 +75,18 @@ def decide(
     window: Window | None,
     now: float,
     silent_router: str = "",
+    queued: int = 0,
 ) -> Decision:
     """`current`: the replicas kept now; `ready`: how many of them are Ready; `in_flight` and
     `waiting`: the model's load from live routers; `silent_router`: one that holds the model
-    ("" when none does)."""
+    ("" when none does); `queued`: requests waiting inside its engines, as routers read them."""
     load = in_flight + waiting
-    wanted = recommend(spec, load, waiting)
+    wanted = recommend(spec, load, waiting, queued, ready)
     window = _record(window, now, wanted, spec.scale_down_delay_s)
     said = f"{in_flight} in flight" + (f", {waiting} waiting" if waiting else "")
     said += f", target {_number(spec.target_in_flight)}"
+    if spec.target_waiting is not None:
+        said += f"; {queued} queued in engines, target {_number(spec.target_waiting)} a replica"
     if wanted > current:
         step = wanted if ready == 0 else min(wanted, max(1, current * 2))
         return Decision(step, wanted, f"{said} -> {wanted}" + _partway(step, wanted), window)

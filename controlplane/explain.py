@@ -17,6 +17,12 @@ def explain(spec: ModelSpec, default_residency_s: float) -> list[str]:
             " requests in flight on its replicas plus those waiting; out at once (at most"
             f" doubling a tick), in one a tick after {duration(spec.scale_down_delay_s)} lower"
         )
+    if spec.target_waiting is not None:
+        lines.append(
+            f"also out to ceil(queued / {spec.target_waiting:g}) replicas when its engines'"
+            f" own queues, as routers read them, hold more than {spec.target_waiting:g} per"
+            " Ready replica"
+        )
     if spec.scale_to_zero_after_s is not None and floor < spec.replicas:
         lines.append(
             f"scales from {spec.replicas} down to {floor} replica(s) after"

@@ -54,6 +54,7 @@ class FleetSnapshot:
     adapter_reasons: dict[str, str] = field(default_factory=dict)  # adapter -> why not loaded
     # slot_id(replica, adapter) -> idle, for every adapter a replica holds
     adapter_idle: dict[str, tuple[float, IdleState]] = field(default_factory=dict)
+    engine_load: dict[str, dict] = field(default_factory=dict)  # replica -> freshest reading
 
 
 SWAPS_KEPT = 1000
@@ -365,6 +366,7 @@ class Fleet(Intents, AgentReports):
             unknown_by_silence=self.idle.unknown_because_silent(ids, now),
             desired={name: self.desired(spec) for name, spec in self.specs.items()},
             waiting=self.idle.waiting(now),
+            engine_load=self.idle.engine_load(now),
             room={model: dict(room) for model, room in self.room.items()},
             autoscale={model: dict(a) for model, a in self.autoscale.items()},
             swaps=list(self.swaps),

@@ -57,6 +57,9 @@ class Router:
     route_version: int = -1
     in_flight: dict[str, int] = field(default_factory=dict)  # replica -> requests on it now
     waiting: dict[str, int] = field(default_factory=dict)  # model -> requests parked for it
+    # replica -> [waiting, running, KV use, seconds since read]: the engine's own load as the
+    # router last read it, as of received_at
+    engine_load: dict[str, list] = field(default_factory=dict)
     # The watch a predecessor that said goodbye handed on, for replicas this incarnation has
     # not reported yet (its first report can come before its routing table).
     inherited: dict[str, float] = field(default_factory=dict)
@@ -94,7 +97,7 @@ class Router:
     @classmethod
     def from_dict(cls, body: dict) -> Router:
         # Requests in flight and waiting are news of the moment: not kept across restarts.
-        return cls(**{**body, "in_flight": {}, "waiting": {}, "restored": True})
+        return cls(**{**body, "in_flight": {}, "waiting": {}, "engine_load": {}, "restored": True})
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Report:
     route_version: int = -1
     in_flight: dict[str, int] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)  # model -> requests parked
+    engine_load: dict[str, list] = field(default_factory=dict)
 
 
 class ReportError(ValueError):
@@ -145,7 +149,34 @@ def parse_report(body) -> Report:
         version,
         _count_map(body, "in_flight"),
         _count_map(body, "waiting"),
+        _engine_load_map(body),
     )
+
+
+def _engine_load_map(body: dict) -> dict[str, list]:
+    """replica -> [waiting, running, KV use within 0..1, seconds since read]."""
+    value = body.get("engine_load", {})
+    problem = ReportError(
+        "engine_load",
+        "a map of replica id to [waiting, running, KV use 0..1, seconds since read]",
+    )
+    if not isinstance(value, dict):
+        raise problem
+    for reading in value.values():
+        if not isinstance(reading, list) or len(reading) != 4:
+            raise problem
+        waiting, running, kv_use, age = reading
+        if not all(_count(n) for n in (waiting, running)) or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) for x in (kv_use, age)
+        ):
+            raise problem
+        if not 0 <= kv_use <= 1 or not 0 <= age < float("inf"):
+            raise problem
+    return value
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _count_map(body: dict, name: str) -> dict[str, int]:
@@ -250,6 +281,7 @@ class IdleTracker:
         router.route_version = report.route_version
         router.in_flight = report.in_flight
         router.waiting = report.waiting
+        router.engine_load = report.engine_load
         return report
 
     def _successor(self, before: Router | None, report: Report, now: float, started: float):
@@ -375,6 +407,25 @@ class IdleTracker:
             for model, count in router.waiting.items():
                 total[model] = total.get(model, 0) + count
         return total
+
+    def engine_load(self, now: float | None = None) -> dict[str, dict]:
+        """replica -> the freshest reading of its engine's own load among live routers:
+        {"waiting", "running", "kv_use", "age_s" (now), "router"}."""
+        now = self.clock() if now is None else now
+        freshest: dict[str, dict] = {}
+        for router in self.live_routers(now):
+            since = max(0.0, now - router.received_at)
+            for replica, (waiting, running, kv_use, age) in router.engine_load.items():
+                age_now = age + since
+                if replica not in freshest or age_now < freshest[replica]["age_s"]:
+                    freshest[replica] = {
+                        "waiting": waiting,
+                        "running": running,
+                        "kv_use": kv_use,
+                        "age_s": round(age_now, 3),
+                        "router": router.id,
+                    }
+        return freshest
 
     def in_flight(self, now: float | None = None, live_only: bool = False) -> dict[str, int]:
         """replica -> requests on it, summed over every router not gone (a silent one's last

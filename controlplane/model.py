@@ -171,6 +171,8 @@ class ModelSpec:
     min_residency_s: float | None = None  # Ready this long before it may be taken; None: server's
     max_replicas: int | None = None  # None: `replicas`
     target_in_flight: float | None = None  # set: autoscaled on load, this many per replica
+    # set: also out when the engines' own queues hold more than this per Ready replica
+    target_waiting: float | None = None
     scale_down_delay_s: float = 300.0  # lower for this long before scaling in
     # Sleeping engines (controlplane/sleep.py). Memory in MiB per GPU, as NVML counts it;
     # None: the default from the card (see `awake_mb`, `asleep_mb`, `host_mb`).

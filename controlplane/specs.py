@@ -51,6 +51,7 @@ SPEC_FIELDS = {
     "min_residency_s",
     "max_replicas",
     "target_in_flight",
+    "target_waiting",
     "scale_down_delay",
     "scale_down_delay_s",
     "engine",
@@ -311,6 +312,21 @@ def validate_spec(body) -> ModelSpec:
         raise SpecError(
             "target_in_flight", "required with max_replicas above replicas: it is what scales"
         )
+    target_waiting = body.get("target_waiting")
+    if target_waiting is not None:
+        if (
+            isinstance(target_waiting, bool)
+            or not isinstance(target_waiting, int | float)
+            or not 0 < target_waiting < float("inf")
+        ):
+            raise SpecError(
+                "target_waiting",
+                f"a positive number of requests queued per replica, got {target_waiting!r}",
+            )
+        if target is None:
+            raise SpecError(
+                "target_waiting", "needs target_in_flight, which decides when to scale in"
+            )
     if "scale_down_delay" in body and "scale_down_delay_s" in body:
         raise SpecError("scale_down_delay", "give scale_down_delay or _s, not both")
     delay = body.get("scale_down_delay", body.get("scale_down_delay_s", 300))
@@ -344,6 +360,7 @@ def validate_spec(body) -> ModelSpec:
         min_residency_s=residency,
         max_replicas=max_replicas,
         target_in_flight=None if target is None else float(target),
+        target_waiting=None if target_waiting is None else float(target_waiting),
         scale_down_delay_s=parse_duration(delay, "scale_down_delay"),
         max_adapters=_positive_int(body, "max_adapters", 0, allow_zero=True),
         **_sleep_settings(body),

@@ -118,6 +118,8 @@ def replica_row(snap: FleetSnapshot, replica, nodes: dict) -> dict:
         "age_s": round(max(0.0, snap.now - replica.created_at), 1),
         "exit_code": replica.exit_code,
         "sleep_level": replica.sleep,
+        # its engine's own queue and KV use, as routers last read them (None: not read)
+        "engine_load": snap.engine_load.get(replica.id),
     }
 
 
@@ -193,6 +195,7 @@ def model_rows(snap: FleetSnapshot) -> list[dict]:
                 "room_victims": list(room["victims"]) if room else [],
                 "max_replicas": spec.ceiling,
                 "target_in_flight": spec.target_in_flight,
+                "target_waiting": spec.target_waiting,
                 "scale_down_delay_s": spec.scale_down_delay_s,
                 "autoscale": dict(scaling) if scaling else None,
                 "idle_after_s": spec.idle_after_s,

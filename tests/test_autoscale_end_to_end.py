@@ -164,3 +164,38 @@ def test_a_control_plane_restart_mid_window_neither_scales_in_early_nor_forgets(
     wait_until(lambda: ready(fleet) == 1, timeout=DELAY_S + 15, what="back to one replica")
     back = time.monotonic() - ended
     assert DELAY_S <= back <= DELAY_S + 5, back
+
+
+def test_queues_inside_the_engines_scale_out_and_show_in_replicas_wide(procs, tmp_path):
+    from click.testing import CliRunner
+
+    from cli.main import gpuctl
+
+    # One request at a time per engine: 6 streams leave 5 queued in it. In flight alone (6,
+    # target 100) asks for one replica; the engine's queue (5 over a target of 2) for three.
+    fleet = SimFleet(procs, tmp_path)
+    body = busy_spec(target_in_flight=100, target_waiting=2, max_replicas=3)
+    body["command"] += ["--max-num-seqs", "1"]
+    call("POST", fleet.url + "/v1/models", body)
+    router, _ = procs.router("--control-plane", fleet.url, "--tick", "0.3")
+    wait_until(lambda: ready(fleet) == 1, timeout=30, what="the first replica")
+    wait_until(lambda: call("GET", fleet.url + "/v1/routes")[1]["routes"]["busy"], what="route")
+    load = Load(router, 6, tokens=10)
+    try:
+        wait_until(
+            lambda: any(
+                (r.get("engine_load") or {}).get("waiting", 0) >= 3
+                for r in call("GET", fleet.url + "/v1/replicas")[1]["items"]
+            ),
+            timeout=10,
+            what="the engine's queue reported",
+        )
+        shown = CliRunner().invoke(gpuctl, ["--server", fleet.url, "replicas", "-o", "wide"])
+        header = shown.output.splitlines()[0].split()
+        assert header[7:11] == ["WAITING", "RUNNING", "KV", "READ"], shown.output
+        assert "s ago" in shown.output
+        wait_until(lambda: ready(fleet) == 3, timeout=20, what="3 Ready replicas")
+        reasons = [e["message"] for e in events(fleet) if e["message"].startswith("scaled out")]
+        assert any("queued in engines, target 2 a replica" in m for m in reasons), reasons
+    finally:
+        load.end()

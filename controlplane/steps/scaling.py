@@ -42,6 +42,7 @@ def autoscale(view: FleetView) -> list:
     any_in_flight = view.idle.in_flight(view.now)
     silent = view.idle.silent_holders(list(view.replicas), view.now)
     wanted = view.wanted()
+    engine_load = view.idle.engine_load(view.now)
     actions: list = []
     for spec in list(view.specs.values()):
         name = spec.name
@@ -62,6 +63,7 @@ def autoscale(view: FleetView) -> list:
             view.windows.get(name),
             view.now,
             next((silent[r.id] for r in mine if r.id in silent), ""),
+            sum(engine_load[r.id]["waiting"] for r in mine if r.id in engine_load),
         )
         reason = decision.reason
         if decision.replicas > current:

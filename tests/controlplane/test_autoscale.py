@@ -132,3 +132,35 @@ def test_bounds_monotone_and_never_in_under_a_silent_router(scene):
     for load in range(0, 40):
         assert recommend(s, load, 0) <= recommend(s, load + 1, 0)
         assert recommend(s, load, 1) >= recommend(s, load, 0)
+
+
+def test_queues_inside_the_engines_scale_out_past_what_in_flight_asks():
+    from dataclasses import replace
+
+    s = replace(spec(target=8, high=6), target_waiting=2)
+    # 8 in flight reported by the routers: one replica; but the engines hold 9 queued.
+    d = decide(s, current=2, ready=2, in_flight=8, waiting=0, window=None, now=T0, queued=9)
+    assert d.recommended == 5 and d.replicas == 4
+    assert d.reason == (
+        "8 in flight, target 8; 9 queued in engines, target 2 a replica -> 5 (now 4)"
+    )
+    # Queues within target: the in-flight rule alone, and it never scales in on its own.
+    calm = decide(s, current=2, ready=2, in_flight=8, waiting=0, window=None, now=T0, queued=4)
+    assert calm.recommended == 1
+    assert recommend(s, 0, 0, queued=100, ready=1) == 6, "within max_replicas"
+
+
+def test_target_waiting_is_refused_without_target_in_flight_or_when_not_positive():
+    import pytest
+
+    from controlplane.specs import SpecError, validate_spec
+
+    base = {"name": "m", "gpu_class": "H100-80GB", "command": ["x"], "replicas": 1}
+    for bad in (0, -1, "3", True, float("inf")):
+        with pytest.raises(SpecError) as refused:
+            validate_spec({**base, "target_in_flight": 4, "target_waiting": bad})
+        assert refused.value.field == "target_waiting"
+    with pytest.raises(SpecError) as refused:
+        validate_spec({**base, "target_waiting": 2})
+    assert "target_in_flight" in str(refused.value)
+    assert validate_spec({**base, "target_in_flight": 4, "target_waiting": 2}).target_waiting == 2

@@ -174,3 +174,52 @@ def test_a_router_loaded_from_the_store_is_silent_until_it_reports():
     after.report(report("r1", watched={"a": 3601}, used={"a": 3001}))
     assert after.routers["r1"].state(clock(), 10) is RouterState.LIVE
     assert after.idle_for("a") == (3001.0, IdleState.EXACT)
+
+
+# The engines' own load, as routers read it.
+
+
+def engine_report(router, readings, incarnation="i1"):
+    return {
+        "router": router,
+        "incarnation": incarnation,
+        "uptime_s": 10.0,
+        "used": {},
+        "watched": {},
+        "engine_load": readings,
+    }
+
+
+def test_the_freshest_reading_of_each_replica_among_live_routers_wins():
+    clock = [1000.0]
+    tracker = IdleTracker(live_window_s=10, clock=lambda: clock[0])
+    tracker.report(engine_report("r1", {"a": [3, 8, 0.5, 0.05], "b": [0, 1, 0.1, 0.2]}))
+    clock[0] += 1
+    tracker.report(engine_report("r2", {"a": [1, 8, 0.4, 0.1]}))
+    load = tracker.engine_load()
+    assert load["a"] == {"waiting": 1, "running": 8, "kv_use": 0.4, "age_s": 0.1, "router": "r2"}
+    assert load["b"]["router"] == "r1" and load["b"]["age_s"] == 1.2
+    clock[0] += 20  # both silent: nothing is known any more
+    assert tracker.engine_load() == {}
+
+
+@pytest.mark.parametrize(
+    "readings",
+    [
+        [],
+        {"a": [1, 2, 0.5]},
+        {"a": [-1, 2, 0.5, 0.1]},
+        {"a": [1, 2, 1.5, 0.1]},
+        {"a": [1, 2, float("nan"), 0.1]},
+        {"a": [1, True, 0.5, 0.1]},
+        {"a": [1, 2, 0.5, -0.1]},
+        {"a": "busy"},
+    ],
+)
+def test_a_bad_engine_load_map_is_refused_and_changes_nothing(readings):
+    tracker = IdleTracker(live_window_s=10, clock=lambda: 1000.0)
+    tracker.report(engine_report("r1", {"a": [3, 8, 0.5, 0.05]}))
+    with pytest.raises(ReportError) as refused:
+        tracker.report(engine_report("r1", readings))
+    assert refused.value.field == "engine_load"
+    assert tracker.engine_load()["a"]["waiting"] == 3
