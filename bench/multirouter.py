@@ -12,7 +12,7 @@ system prompts, sent the same for every policy, each request to the router the t
     a+  a with prefix affinity: today's defaults, the prefix hit rate c must keep
     d   one router alone, on its own counts: the best a router can do without the engines
 
-    python -m bench.multirouter [--seconds 60] [--policies a,b,c,a+,d] [--seed 1]
+    python -m bench.multirouter [--seconds 60] [--policies a,b,c,a+,d] [--seeds 1,2,3]
 
 Per policy: mean and p99 time to first token (client side, streamed), the spread of the
 engines' queues (sampled every 100 ms: the mean over samples of the longest queue minus the
@@ -104,6 +104,13 @@ class Result:
     spreads: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+
+    def add(self, other: Result) -> None:
+        self.ttft += other.ttft
+        self.lost += other.lost
+        self.spreads += other.spreads
+        self.prompt_tokens += other.prompt_tokens
+        self.cached_tokens += other.cached_tokens
 
     def row(self) -> dict:
         ordered = sorted(self.ttft)
@@ -248,17 +255,22 @@ def start_engines(procs: Processes) -> list[str]:
     return [procs.engine("m", **ENGINE_FLAGS) for _ in range(ENGINES)]
 
 
-def compare(procs: Processes, seconds: float, policies: list[str], seed: int) -> list[dict]:
+def compare(procs: Processes, seconds: float, policies: list[str], seeds: list[int]) -> list[dict]:
+    """One row per policy, over the traces of every seed together (their requests pooled)."""
     engines = start_engines(procs)
-    requests = trace(seconds, seed)
-    return [run_policy(procs, engines, policy, requests).row() for policy in policies]
+    pooled = {policy: Result(policy) for policy in policies}
+    for seed in seeds:
+        requests = trace(seconds, seed)
+        for policy in policies:
+            pooled[policy].add(run_policy(procs, engines, policy, requests))
+    return [pooled[policy].row() for policy in policies]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--policies", default="a,b,c,a+,d")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", default="1", help="Traces to pool, e.g. 1,2,3.")
     args = parser.parse_args()
     import tempfile
     from pathlib import Path
@@ -266,7 +278,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         procs = Processes(Path(folder))
         try:
-            rows = compare(procs, args.seconds, args.policies.split(","), args.seed)
+            rows = compare(
+                procs,
+                args.seconds,
+                args.policies.split(","),
+                [int(s) for s in args.seeds.split(",")],
+            )
         finally:
             procs.stop_all()
     for row in rows:

@@ -1,0 +1,131 @@
+"""What reading the engines' load costs a router: one gpurouter process in front of 1,000
+simulated replicas (10 models of 100, served by in-process sim engines in two helper processes,
+as `replicas: in_process` serves them), every model sent to, so that every replica is read.
+The router's CPU time (user + system, from /proc) over the same wall time, with the reader on
+at `--load-interval` and off, no requests meanwhile; the difference is the reader's cost.
+
+    python -m bench.reader_cost [--replicas 1000] [--interval 0.25] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.harness import Processes, get, post
+
+MODELS = 10
+
+HOST = """
+import asyncio, sys
+from sim.engine import EngineSettings, SimEngine
+from sim.replicas import EngineHost
+
+async def main(first, count):
+    host = EngineHost()
+    for i in range(first, first + count):
+        host.engines[f"r{i}"] = SimEngine(EngineSettings([f"m{i % %(models)d}"]))
+    await host.start()
+    print(host.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+""".replace("%(models)d", str(MODELS))
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_hosts(replicas: int, hosts: int = 2) -> tuple[list[subprocess.Popen], dict]:
+    procs, urls = [], {}
+    share = replicas // hosts
+    for h in range(hosts):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOST, str(h * share), str(share)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        port = int(proc.stdout.readline())
+        for i in range(h * share, (h + 1) * share):
+            urls[f"r{i}"] = f"http://127.0.0.1:{port}/replicas/r{i}"
+    return procs, urls
+
+
+def measure(procs: Processes, routes_file: str, interval: float, seconds: float) -> dict:
+    url, proc = procs.router("--routes", routes_file, f"--load-interval={interval}")
+    for m in range(MODELS):
+        status, _, _ = post(
+            url + "/v1/completions", f'{{"model": "m{m}", "prompt": "hi"}}'.encode()
+        )
+        assert status == 200
+    time.sleep(2 * interval + 1)  # the first rounds open their connections
+    cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+    time.sleep(seconds)
+    cpu, wall = cpu_seconds(proc.pid) - cpu0, time.monotonic() - wall0
+    _, text = get(url + "/metrics")
+    reads = {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.decode().splitlines()
+        if line.startswith("gpurouter_engine_load_reads_total{")
+    }
+    procs.terminate(proc)
+    return {"interval": interval, "cpu_share": cpu / wall, "reads": reads}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=1000)
+    parser.add_argument("--interval", type=float, default=0.25)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    hosts, urls = start_hosts(args.replicas)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            routes = {
+                f"m{m}": [
+                    {"id": rid, "url": u} for rid, u in urls.items() if int(rid[1:]) % MODELS == m
+                ]
+                for m in range(MODELS)
+            }
+            routes_file = Path(folder) / "routes.yaml"
+            routes_file.write_text(yaml.safe_dump(routes))
+            procs = Processes(Path(folder))
+            try:
+                off = measure(procs, str(routes_file), 0, args.seconds)
+                on = measure(procs, str(routes_file), args.interval, args.seconds)
+            finally:
+                procs.stop_all()
+    finally:
+        for host in hosts:
+            host.terminate()
+            host.wait()
+    ok = on["reads"].get("ok", 0)
+    print(
+        json.dumps(
+            {
+                "replicas": args.replicas,
+                "interval_s": args.interval,
+                "router_cpu_off": round(off["cpu_share"], 4),
+                "router_cpu_on": round(on["cpu_share"], 4),
+                "reader_cost_of_a_core": round(on["cpu_share"] - off["cpu_share"], 4),
+                "reads_per_s_expected": round(args.replicas / args.interval),
+                "reads_ok": ok,
+                "reads": on["reads"],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
