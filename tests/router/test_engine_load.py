@@ -163,3 +163,11 @@ def test_replicas_of_models_not_sent_to_in_the_last_minute_are_not_read():
 def test_kv_use_is_capped_at_one_and_nan_never_reaches_the_table():
     assert parse_load(b"sglang:token_usage 3.5\nsglang:num_queue_reqs 0\n").kv_use == 1.0
     assert not any(math.isnan(v) for v in (parse_load(b"sglang:token_usage 0\n").kv_use,))
+
+
+def test_the_sim_engine_refuses_a_metrics_fault_it_does_not_know():
+    with pytest.raises(ValueError, match="metrics: one of"):
+        Faults().update({"metrics": "sometimes"})
+    faults = Faults()
+    faults.update({"metrics": "nan"})
+    assert faults.metrics == "nan"
