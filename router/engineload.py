@@ -29,9 +29,10 @@ import asyncio
 import logging
 import math
 import random
+import re
 import time
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
@@ -61,11 +62,16 @@ class BadReading(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
     waiting: int
     running: int
     kv_use: float
+
+
+# One pass over the page, in C: a known name at the start of a line, its labels, its value.
+SAMPLE = re.compile(
+    rb"^(" + b"|".join(re.escape(name) for name in SERIES) + rb")(\{[^\n]*?\})?[ \t]+(\S*)", re.M
+)
 
 
 def parse_load(page: bytes) -> Reading | None:
@@ -73,44 +79,22 @@ def parse_load(page: bytes) -> Reading | None:
     names none of them; BadReading when one's value is not a finite non-negative number."""
     totals = [0.0, 0.0, 0.0]
     seen = False
-    for name, field in SERIES.items():
-        start = 0
-        while (at := page.find(name, start)) >= 0:
-            start = at + len(name)
-            if at and page[at - 1] != 0x0A:  # inside a HELP or TYPE line, or another name
-                continue
-            follows = page[start : start + 1]
-            if follows not in (b" ", b"{"):  # a longer name (_total, _bucket ...)
-                continue
-            value = _sample_value(page, start)
-            if field == KV:
-                totals[KV] = max(totals[KV], value)
-            else:
-                totals[field] += value
-            seen = True
+    for name, _, raw in SAMPLE.findall(page):
+        try:
+            value = float(raw)
+        except ValueError:
+            raise BadReading(f"not a number: {raw[:20]!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise BadReading(f"not a finite non-negative number: {value}")
+        field = SERIES[name]
+        if field == KV:
+            totals[KV] = max(totals[KV], value)
+        else:
+            totals[field] += value
+        seen = True
     if not seen:
         return None
     return Reading(int(totals[WAITING]), int(totals[RUNNING]), min(totals[KV], 1.0))
-
-
-def _sample_value(page: bytes, start: int) -> float:
-    end = page.find(b"\n", start)
-    line = page[start : end if end >= 0 else len(page)]
-    if line.startswith(b"{"):
-        close = line.rfind(b"}")
-        if close < 0:
-            raise BadReading("labels never closed")
-        line = line[close + 1 :]
-    fields = line.split()
-    if not fields:
-        raise BadReading("a sample without a value")
-    try:
-        value = float(fields[0])
-    except ValueError:
-        raise BadReading(f"not a number: {fields[0][:20]!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise BadReading(f"not a finite non-negative number: {value}")
-    return value
 
 
 class _Connection(asyncio.Protocol):

@@ -22,8 +22,9 @@ def test_each_engine_kinds_series_are_read_summed_over_label_sets():
         b'vllm:num_requests_running{model_name="m"} 8.0\n'
         b'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
         b"vllm:num_requests_running_total 99\n"
+        b'vllm:num_requests_running{model_name="n"} 1 1700000000000\n'
     )
-    assert parse_load(vllm) == Reading(5, 8, 0.5)
+    assert parse_load(vllm) == Reading(5, 9, 0.5), "a timestamp is not the value"
     sglang = b"sglang:num_queue_reqs 4\nsglang:num_running_reqs 2\nsglang:token_usage 0.25\n"
     assert parse_load(sglang) == Reading(4, 2, 0.25)
     llama = b"llamacpp:requests_deferred 1\nllamacpp:requests_processing 1"
@@ -39,7 +40,6 @@ def test_each_engine_kinds_series_are_read_summed_over_label_sets():
         b"vllm:num_requests_waiting -1\n",
         b"vllm:kv_cache_usage_perc +Inf\n",
         b"vllm:num_requests_running lots\n",
-        b'vllm:num_requests_running{model_name="m" 1\n',
         b"vllm:num_requests_running \n",
     ],
 )
@@ -53,6 +53,7 @@ def test_a_page_without_a_known_series_gives_none():
     assert parse_load(b"process_cpu_seconds_total 1\n# vllm:num_requests_waiting 3\n") is None
     assert parse_load(b"\x00\xff garbage \n\n{}") is None
     assert parse_load(b"vllm:num_requests_running\n") is None
+    assert parse_load(b'vllm:num_requests_running{model_name="m" 1\n') is None, "unclosed"
 
 
 async def engines(faults: list[str]):
