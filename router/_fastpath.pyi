@@ -46,8 +46,8 @@ class EndpointTable:
         slots: those this request already tried) and count the request on it, which reports
         as used now until its release stamps the end of the use.
 
-        An endpoint's load: its engine's waiting + running at a fresh reading (set_load) plus
-        the requests sent to it since; without one, its in-flight count here.
+        An endpoint's load: its in-flight count here, plus, at a fresh reading (set_load), the
+        engine's other requests.
         key 0: least loaded, ties rotate. A non-zero key (a 64-bit hash of a session or a
         prompt prefix, computed by the caller): rendezvous hashing with bounded loads, the
         endpoint with the highest score for the key among those whose in-flight count stays
@@ -63,8 +63,8 @@ class EndpointTable:
         """{"used": {id: seconds since last use}, "watched": {id: seconds watched}}.
         `used` holds only endpoints used since watched; in-flight ones report 0."""
     def load_targets(self, recent_s: float) -> list[tuple[int, str, str, int]]:
-        """[(slot, id, url, mark)]: every endpoint of each model sent to within `recent_s`
-        (or with a request in flight), with the mark set_load wants back."""
+        """[(slot, id, url, in flight)]: every endpoint of each model sent to within
+        `recent_s` (or with a request in flight), with this router's requests on it now."""
     def set_load(
         self,
         slot: int,
@@ -75,8 +75,9 @@ class EndpointTable:
         mark: int,
         valid_s: float,
     ) -> bool:
-        """Take an engine's reading for `slot`, used for `valid_s`; False when the slot no
-        longer holds `endpoint_id`."""
+        """Take an engine's reading for `slot`, asked for with `mark` of this router's
+        requests in flight on it, used for `valid_s`; False when the slot no longer holds
+        `endpoint_id`."""
     def load_of(self, slot: int) -> tuple[int, bool, bool]:
         """(load as picks see it, from a fresh reading, KV-full)."""
     def endpoint_id(self, slot: int) -> str | None:

@@ -76,10 +76,10 @@ cdef inline bint within_bound(int32_t in_flight, int32_t usable, double load_fac
 
 
 cdef inline int32_t slot_load(Slot* s, int64_t now) noexcept nogil:
-    # The engine's waiting + running at a fresh reading, plus what this router sent since it
-    # was asked for; without one, this router's own requests in flight.
+    # This router's own requests in flight, plus, at a fresh reading, the engine's other
+    # requests (its waiting + running then, less this router's in flight then).
     if s.load_until_ns > now:
-        return s.engine_load + <int32_t>(s.acquired - s.load_mark)
+        return s.engine_load + s.in_flight
     return s.in_flight
 
 
@@ -175,10 +175,10 @@ cdef class EndpointTable:
         until the matching release stamps the end of the use).
 
         Endpoints that are ejected or whose slot is in `exclude` (the slots this request
-        already tried) are skipped. An endpoint's load is its engine's waiting + running at a
-        fresh reading (`set_load`) plus the requests sent to it since, else this router's
-        requests in flight on it. With key 0: the least loaded, ties rotate. With a key:
-        rendezvous hashing with bounded loads, the highest-scoring endpoint for the key whose
+        already tried) are skipped. An endpoint's load is this router's requests in flight on
+        it, plus, at a fresh reading (`set_load`), the engine's other requests. With key 0: the
+        least loaded, ties rotate. With a key: rendezvous
+        hashing with bounded loads, the highest-scoring endpoint for the key whose
         load stays within ceil(load_factor * (model load + 1) / usable) and whose KV cache is
         not full.
 
@@ -258,7 +258,6 @@ cdef class EndpointTable:
             return SATURATED_
         s = &self._slots[best]
         s.in_flight += 1
-        s.acquired += 1
         if key == 0:
             mdl.cursor = best_pos + 1 if best_pos + 1 < mdl.count else 0
         table_lock_release(&self._lock)
@@ -419,7 +418,6 @@ cdef class EndpointTable:
             s.id_hash = id_hash
             if fresh:
                 s.in_flight = 0
-                s.acquired = 0
                 s.load_until_ns = 0
                 s.last_used_ns = NEVER
                 s.watched_since_ns = now
@@ -502,9 +500,9 @@ cdef class EndpointTable:
         return {"used": used, "watched": watched, "in_flight": in_flight}
 
     def load_targets(self, double recent_s):
-        """[(slot, endpoint id, url, mark)] of every endpoint of each model this router sent a
-        request to within `recent_s` (or has one in flight to): what the load reader reads.
-        Pass `mark` back to `set_load` with the reading."""
+        """[(slot, endpoint id, url, in flight)] of every endpoint of each model this router
+        sent a request to within `recent_s` (or has one in flight to): what the load reader
+        reads."""
         cdef int32_t m, i, slot, n = 0, n_models
         cdef int32_t* slots = NULL
         cdef int64_t* marks = NULL
@@ -535,7 +533,7 @@ cdef class EndpointTable:
             for i in range(self._models[m].count):
                 slot = self._model_slots[self._models[m].first + i]
                 slots[n] = slot
-                marks[n] = self._slots[slot].acquired
+                marks[n] = self._slots[slot].in_flight
                 n += 1
         ids, urls = self._ids, self._urls
         table_lock_release(&self._lock)
@@ -547,9 +545,9 @@ cdef class EndpointTable:
 
     def set_load(self, int slot, str endpoint_id, int waiting, int running, double kv_use,
                  int64_t mark, double valid_s):
-        """Take an engine's reading for `slot` (if it still holds `endpoint_id`): used by picks
-        for `valid_s`, counting the requests sent since `mark` (from `load_targets`) on top.
-        Returns whether it was taken."""
+        """Take an engine's reading for `slot` (if it still holds `endpoint_id`), asked for
+        while this router had `mark` requests in flight on it: its other requests, waiting +
+        running - mark, count in picks for `valid_s`. Returns whether it was taken."""
         cdef bint taken = False
         cdef int64_t load = <int64_t>max(0, waiting) + max(0, running)
         cdef Slot* s
@@ -557,9 +555,8 @@ cdef class EndpointTable:
         if 0 <= slot < self._slot_count and self._slots[slot].model != SLOT_RETIRED:
             if self._ids[slot] == endpoint_id:
                 s = &self._slots[slot]
-                s.engine_load = <int32_t>min(load, 1 << 30)
+                s.engine_load = <int32_t>max(0, min(load - mark, 1 << 30))
                 s.kv_full = kv_use > self.kv_threshold
-                s.load_mark = mark
                 s.load_until_ns = self._now() + <int64_t>(valid_s * 1e9)
                 self._readings = True
                 taken = True

@@ -51,20 +51,16 @@ class _Slot:
         "ejected_until_ns",
         "last_ejection_end_ns",
         "id_hash",
-        "acquired",
         "engine_load",
         "kv_full",
-        "load_mark",
         "load_until_ns",
     )
 
     def __init__(self, model: int, now: int) -> None:
         self.model = model
         self.id_hash = 0
-        self.acquired = 0
         self.engine_load = 0
         self.kv_full = False
-        self.load_mark = 0
         self.load_until_ns = 0
         self.in_flight = 0
         self.last_used_ns = _NEVER
@@ -76,10 +72,10 @@ class _Slot:
 
 
 def _load(s: _Slot, now: int) -> int:
-    """The engine's waiting + running at a fresh reading plus what was sent since it was asked
-    for; without one, this router's own requests in flight."""
+    """This router's own requests in flight, plus, at a fresh reading, the engine's other
+    requests (its waiting + running then, less this router's in flight then)."""
     if s.load_until_ns > now:
-        return s.engine_load + s.acquired - s.load_mark
+        return s.engine_load + s.in_flight
     return s.in_flight
 
 
@@ -189,7 +185,6 @@ class EndpointTable:
                 return SATURATED
             s = self._slots[best]
             s.in_flight += 1
-            s.acquired += 1
             if not key:
                 mdl.cursor = (best_pos + 1) % count
             return best
@@ -346,7 +341,7 @@ class EndpointTable:
                     for slot in mdl.slots
                 ):
                     out += [
-                        (slot, self._ids[slot], self._urls[slot], self._slots[slot].acquired)
+                        (slot, self._ids[slot], self._urls[slot], self._slots[slot].in_flight)
                         for slot in mdl.slots
                     ]
             return out
@@ -367,9 +362,8 @@ class EndpointTable:
             if self._ids[slot] != endpoint_id:
                 return False
             s = self._slots[slot]
-            s.engine_load = min(max(0, waiting) + max(0, running), 1 << 30)
+            s.engine_load = max(0, min(max(0, waiting) + max(0, running) - mark, 1 << 30))
             s.kv_full = kv_use > self.kv_threshold
-            s.load_mark = mark
             s.load_until_ns = self._now() + int(valid_s * 1e9)
             self._readings = True
             return True

@@ -14,9 +14,9 @@ def engine_requests(engine: str) -> float:
     text = get(engine + "/metrics")[1].decode()
     return float(
         next(
-            line.split()[1]
+            line.rsplit(" ", 1)[1]
             for line in text.splitlines()
-            if line.startswith("vllm:request_success_total ")
+            if line.startswith("vllm:request_success_total{")
         )
     )
 

@@ -303,7 +303,7 @@ def slot_of(table, endpoint_id):
     return next(slot for slot, eid, _ in table.endpoints("m") if eid == endpoint_id)
 
 
-def test_a_fresh_reading_is_the_load_a_pick_sees_plus_what_was_sent_since(loaded_table):
+def test_a_fresh_reading_adds_the_engines_other_requests_to_our_own(loaded_table):
     table = loaded_table
     a, b, c = (slot_of(table, e) for e in "abc")
     marks = {slot: mark for slot, _, _, mark in table.load_targets(60)}
@@ -317,7 +317,12 @@ def test_a_fresh_reading_is_the_load_a_pick_sees_plus_what_was_sent_since(loaded
     assert table.set_load(c, "c", 0, 1, 0.1, marks[c], 0.3)
     picks = [table.acquire("m") for _ in range(4)]
     assert picks[:3] == [c, c, c] and picks[3] in (b, c)
-    assert table.load_of(c) == (4, True, False)
+    assert table.load_of(c) == (1 + table.in_flight(c), True, False)
+    # Our own requests in flight when the reading was asked for are counted once.
+    for _ in range(table.in_flight(c)):
+        table.release(c)
+    assert table.set_load(c, "c", 0, 2, 0.1, 2, 0.3)
+    assert table.load_of(c) == (0, True, False), "the engine's 2 were ours, and they ended"
 
 
 def test_a_stale_reading_is_not_used(loaded_table):
