@@ -198,7 +198,7 @@ class LoadReader:
         self.max_bytes = max_bytes
         self.recent_s = recent_s
         self.connections: dict[str, _Connection] = {}
-        # url -> [(slot, id, this router's requests on it when its reading was asked for)]
+        # url -> [(slot, id, this router's requests on it at the start of the round)]
         self.targets: dict[str, list[tuple[int, str, int]]] = {}
         self.pending: deque[str] = deque()
         self.outstanding = 0
@@ -264,10 +264,6 @@ class LoadReader:
                     continue
             if connection.busy:
                 continue
-            # This router's requests on it as the reading is asked for: the engine counts
-            # them too, and the table counts them already.
-            in_flight = self.table.in_flight
-            self.targets[url] = [(slot, eid, in_flight(slot)) for slot, eid, _ in self.targets[url]]
             self.outstanding += 1
             connection.send()
             if connection.transport is None and not connection.connecting:
