@@ -32,6 +32,15 @@ from controlplane.api_routers import (
     post_activity,
     post_demand,
 )
+from controlplane.api_tenants import (
+    apply_tenant,
+    create_key,
+    delete_tenant,
+    get_tenant,
+    get_usage,
+    list_tenants,
+    revoke_key,
+)
 from controlplane.apihttp import (
     LEADERSHIP_KEY,
     METRICS_ROUTE_KEY,
@@ -72,6 +81,13 @@ ROUTES = [
     ("POST", "/v1/adapters", apply_adapter, ("admin",)),
     ("GET", "/v1/adapters/{name}", get_adapter, READ),
     ("DELETE", "/v1/adapters/{name}", delete_adapter, ("admin",)),
+    ("GET", "/v1/tenants", list_tenants, READ),
+    ("POST", "/v1/tenants", apply_tenant, ("admin",)),
+    ("GET", "/v1/tenants/{name}", get_tenant, READ),
+    ("DELETE", "/v1/tenants/{name}", delete_tenant, ("admin",)),
+    ("POST", "/v1/tenants/{name}/keys", create_key, ("admin",)),
+    ("DELETE", "/v1/keys/{id}", revoke_key, ("admin",)),
+    ("GET", "/v1/usage", get_usage, READ),
     ("GET", "/v1/replicas", list_replicas, READ),
     ("GET", "/v1/summary", get_summary, READ),
 ]

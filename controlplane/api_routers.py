@@ -94,6 +94,7 @@ async def post_activity(request: web.Request) -> web.Response:
     body = await body_of(request)
     try:
         fleet.idle.report(body)
+        fleet.ledger.report(body, fleet.wall())
     except ReportError as exc:
         raise ApiError(400, str(exc), "invalid_request", exc.field) from None
     # Stored before the answer (leader_only awaits it): an acknowledged goodbye survives a

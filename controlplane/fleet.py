@@ -26,6 +26,9 @@ from controlplane.records import ModelRecords, Reservation
 from controlplane.reports import REPLICA_REPORT_STATES, AgentReports, parse_node  # noqa: F401
 from controlplane.sleep import Memory, memory_of
 from controlplane.store import Store
+from controlplane.tenant_intents import TenantIntents
+from controlplane.tenants import Tenant, TenantKey
+from controlplane.tenantshares import TenantLedger
 from controlplane.view import FleetView, TickSettings, desired, held_gpus, reserved_gpus
 
 EVENTS_PER_MODEL = 50
@@ -60,7 +63,7 @@ class FleetSnapshot:
 SWAPS_KEPT = 1000
 
 
-class Fleet(Intents, AgentReports):
+class Fleet(Intents, TenantIntents, AgentReports):
     def __init__(
         self, store: Store, idle: IdleTracker | None = None, clock=time.monotonic, wall=time.time
     ) -> None:
@@ -111,6 +114,11 @@ class Fleet(Intents, AgentReports):
         self.adapter_unloads: dict[str, int] = kept["adapter_unloads"]
         self.adapter_reasons: dict[str, str] = {}  # adapter -> why it is not loaded
         self.wake_seconds = Histogram(WAKE_BUCKETS)
+        # Tenants (controlplane/tenants.py): the operator's objects, their keys as digests, and
+        # what routers report of them (controlplane/tenantshares.py).
+        self.tenants: dict[str, Tenant] = kept["tenant"]
+        self.tenant_keys: dict[str, TenantKey] = kept["tenant_key"]
+        self.ledger = TenantLedger()
         # Autoscaling (controlplane/autoscale.py): model -> its recommendation window, kept in
         # the store; and what the last decision said and was, for `gpuctl models` and /metrics.
         self.windows: dict[str, Window] = {
@@ -311,6 +319,8 @@ class Fleet(Intents, AgentReports):
                 "adapter": self.adapters,
                 "adapter_loads": self.adapter_loads,
                 "adapter_unloads": self.adapter_unloads,
+                "tenant": self.tenants,
+                "tenant_key": self.tenant_keys,
             },
         )
 

@@ -15,6 +15,7 @@ from controlplane.executor import Executor
 from controlplane.fleet import Fleet
 from controlplane.routetable import RouteTable, routing_table
 from controlplane.steps import STEPS
+from controlplane.tenantshares import tenant_table
 from controlplane.view import FleetView, TickSettings
 
 PACED = {"autoscale"}  # steps taken once a period, not at every tick a heartbeat wakes
@@ -91,9 +92,12 @@ class Reconciler:
                     view = self.view()
                     self.executor.apply(view, step.decide(view, unit))
             fleet.flush_activity()
+            fleet.note_keys_used()
             fleet.flush_records()
         routes, affinity = routing_table(fleet.specs, fleet.adapters, fleet.replicas)
-        self.routes.publish(routes, affinity)
+        self.routes.publish(
+            routes, affinity, tenant_table(fleet.tenants, fleet.tenant_keys, fleet.ledger)
+        )
         self.executor.stamp_withdrawals(self.routes.version)
         # What this tick changed it has acted on; only news from outside wakes it again.
         fleet.changed = False

@@ -15,6 +15,7 @@ import orjson
 
 from controlplane.adapters import Adapter
 from controlplane.model import Slice
+from controlplane.tenants import Tenant, TenantKey
 
 
 @dataclass
@@ -71,8 +72,15 @@ class ModelRecords:
         "adapter",  # an operator's adapter object, kept here as one row each
         "adapter_loads",
         "adapter_unloads",
+        "tenant",  # an operator's tenant, one row each
+        "tenant_key",  # a tenant's key, as its digest: key id -> TenantKey
     )
-    PARSERS = {"reservation": Reservation.from_dict, "adapter": lambda _, v: Adapter.from_dict(v)}
+    PARSERS = {
+        "reservation": Reservation.from_dict,
+        "adapter": lambda _, v: Adapter.from_dict(v),
+        "tenant": lambda _, v: Tenant.from_dict(v),
+        "tenant_key": lambda _, v: TenantKey.from_dict(v),
+    }
 
     def __init__(self, rows: dict[str, bytes]) -> None:
         self.stored = dict(rows)  # what the store holds, as last written

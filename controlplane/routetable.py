@@ -20,14 +20,22 @@ class RouteTable:
         self.version = int(time.time() * 1000)
         self.routes: dict[str, list[dict]] = {}
         self.affinity: dict[str, str] = {}  # model -> its spec's affinity, where it sets one
+        self.tenants: dict = {}  # tenants' rules, shares and key digests (tenantshares.py)
         self._changed = asyncio.Event()
 
-    def publish(self, routes: dict[str, list[dict]], affinity: dict | None = None) -> bool:
+    def publish(
+        self,
+        routes: dict[str, list[dict]],
+        affinity: dict | None = None,
+        tenants: dict | None = None,
+    ) -> bool:
         affinity = affinity or {}
-        if routes == self.routes and affinity == self.affinity:
+        tenants = tenants or {}
+        if routes == self.routes and affinity == self.affinity and tenants == self.tenants:
             return False
         self.routes = routes
         self.affinity = affinity
+        self.tenants = tenants
         self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
@@ -40,7 +48,10 @@ class RouteTable:
         self._changed = asyncio.Event()
 
     def as_json(self) -> dict:
-        return {"version": self.version, "routes": self.routes, "affinity": self.affinity}
+        table = {"version": self.version, "routes": self.routes, "affinity": self.affinity}
+        if self.tenants:
+            table["tenants"] = self.tenants
+        return table
 
     async def wait_for_change(self, after: int, timeout: float) -> dict:
         if after == self.version:
