@@ -53,9 +53,9 @@ cdef class ResponseReader:
     cdef object failure
 
     cpdef int feed(self, bytes data) except -1
-    cpdef void relay_head(self, bytes request_id, bint close) except *
+    cpdef void relay_head(self, bytes request_id, bint close, bytes extra=*) except *
     cdef Py_ssize_t client_head_size(self, bytes request_id, bint close) noexcept
-    cdef void write_client_head(self, char* at, bytes request_id, bint close) noexcept
+    cdef void write_client_head(self, char* at, bytes request_id, bint close, bytes extra) noexcept
     cpdef bint feed_eof(self) except -1
     cdef int pass_body(self) except -1
     cdef int keep_head(self, Buffer* buffer, const char* at, Py_ssize_t size) noexcept

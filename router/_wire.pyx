@@ -543,18 +543,21 @@ cdef class ResponseReader:
     Interim answers (1xx but 101) are read and dropped. `feed` raises InvalidResponse for what
     is not HTTP."""
 
-    cpdef void relay_head(self, bytes request_id, bint close) except *:
+    cpdef void relay_head(self, bytes request_id, bint close, bytes extra=b"") except *:
         """The head the client gets goes out ahead of the body: in the same `answer_body` as
         the body this read brings, or alone at the end of the read when it brought none. It
         is the replica's status line (its reason, or the usual one), the relayed lines,
         chunked framing when the answer has no length, `connection: close` when the client's
-        connection ends with it, and the request id."""
-        if request_id is None:
-            raise TypeError("the request id is bytes")
-        cdef char* room = buffer_extend(&self.body, self.client_head_size(request_id, close))
+        connection ends with it, the router's own `extra` lines (each ending in CRLF), and the
+        request id."""
+        if request_id is None or extra is None:
+            raise TypeError("the request id and extra lines are bytes")
+        cdef char* room = buffer_extend(
+            &self.body, self.client_head_size(request_id, close) + PyBytes_GET_SIZE(extra)
+        )
         if room == NULL:
             raise MemoryError()
-        self.write_client_head(room, request_id, close)
+        self.write_client_head(room, request_id, close, extra)
 
     cdef Py_ssize_t client_head_size(self, bytes request_id, bint close) noexcept:
         cdef Py_ssize_t reason_size = self.reason.size
@@ -566,7 +569,7 @@ cdef class ResponseReader:
             + 14 + PyBytes_GET_SIZE(request_id) + 4
         )
 
-    cdef void write_client_head(self, char* at, bytes request_id, bint close) noexcept:
+    cdef void write_client_head(self, char* at, bytes request_id, bint close, bytes extra) noexcept:
         at = put_c(at, b"HTTP/1.1 ", 9)
         at[0] = 48 + self.status // 100  # llhttp reads three digits: 100 to 999
         at[1] = 48 + self.status // 10 % 10
@@ -583,6 +586,7 @@ cdef class ResponseReader:
             at = put_c(at, b"transfer-encoding: chunked\r\n", 28)
         if close:
             at = put_c(at, b"connection: close\r\n", 19)
+        at = put(at, extra)
         at = put_c(at, b"x-request-id: ", 14)
         at = put(at, request_id)
         put_c(at, b"\r\n\r\n", 4)

@@ -51,6 +51,7 @@ class ActivityReporter:
         token: str | None,
         started: float,
         engine_load=None,
+        tenants=None,
     ) -> None:
         self.session = session
         self.control_planes = control_planes  # router/leader.py
@@ -59,6 +60,7 @@ class ActivityReporter:
         self.table = table
         self.started = started
         self.engine_load = engine_load  # () -> the reader's readings, or None
+        self.tenants = tenants  # router/tenants.py's TenantBook, or None
         self.headers = {"Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
@@ -77,6 +79,9 @@ class ActivityReporter:
             waiting,
             self.engine_load() if self.engine_load else None,
         )
+        if self.tenants is not None and self.tenants.tenants:
+            report["tenants"] = self.tenants.report()
+            report["keys_used"] = self.tenants.take_keys_used()
         if goodbye:
             report["goodbye"] = True
         if prompt:

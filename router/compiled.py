@@ -22,6 +22,7 @@ COMPILED_MODULES = (
     "router.sink",
     "router.target",
     "router.affinity",
+    "router.tenants",
     "router.upstream",
     "router.context",
     "router.exchange",

@@ -28,6 +28,9 @@ cdef class ProxyContext:
     cdef public object on_demand
     cdef public dict affinity_by_model
     cdef public object extra_metrics
+    cdef public object tenants
+    cdef public dict slot_waiting
+    cdef public Py_ssize_t slot_waiters
     # settings read on every request, copied from `config`
     cdef public bint keys_required
     cdef public str affinity

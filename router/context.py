@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from router.activity import activity_report
 from router.affinity import DEFAULT_PREFIX_CHARS
 from router.catalog import ModelCatalog
+from router.fairqueue import FairQueue
 from router.metrics import RouterMetrics, SharedMetrics, merge, render
+from router.tenantmetrics import tenant_lines
+from router.tenants import TenantBook
 from router.upstream import UpstreamPool
 from router.wire import monotonic, numbered
 
@@ -83,8 +86,15 @@ class ProxyContext:
         self.affinity_by_model: dict[str, str] = {}  # per-model overrides of config.affinity
         # () -> more Prometheus lines of this process (the engine-load reader's)
         self.extra_metrics: Callable[[], list[str]] | None = None
+        # Tenants (router/tenants.py): --api-keys-file's keys are one, with no limits.
+        self.tenants = TenantBook()
+        if config.api_keys:
+            self.tenants.use_keys_file(config.api_keys, self.clock())
+        # Waiting for a slot of a saturated model: model -> FairQueue; how many wait in all.
+        self.slot_waiting: dict[str, FairQueue] = {}
+        self.slot_waiters = 0
         # Settings read on every request, kept as typed attributes of their own.
-        self.keys_required = bool(config.api_keys)
+        self.keys_required = self.tenants.enabled()
         self.affinity = config.affinity
         self.affinity_prefix_chars = config.affinity_prefix_chars
         self.first_byte_timeout_s = config.first_byte_timeout_s
@@ -155,7 +165,54 @@ class ProxyContext:
             self.on_demand(model, 1)
         return True
 
+    def tenants_changed(self, part: dict) -> None:
+        """A routing table's `tenants` part arrived (or none: no tenant is applied)."""
+        self.tenants.update(part, self.router_id, self.clock())
+        self.keys_required = self.tenants.enabled()
+
+    # waiting for a slot of a saturated model
+
+    def wait_for_slot(self, exchange) -> bool:
+        """Queue `exchange` behind its tenant's others; False when that queue is full."""
+        model = exchange.routed_model
+        queue = self.slot_waiting.get(model)
+        if queue is None:
+            queue = self.slot_waiting[model] = FairQueue(self.config.park_max)
+        tenant = exchange.tenant
+        if tenant is None:
+            queued = queue.push(exchange, "", 0, 1.0)
+        else:
+            queued = queue.push(exchange, tenant.name, tenant.priority, tenant.weight)
+        if queued:
+            self.slot_waiters += 1
+        return queued
+
+    def slot_freed(self, model: str) -> None:
+        """A slot of `model` is free: the next waiting request by priority and weight takes
+        it; while the ones released find their slots taken again, the rest stay queued."""
+        queue = self.slot_waiting.get(model)
+        while queue is not None and queue.size:
+            exchange = queue.pop()
+            self.slot_waiters -= 1
+            if not queue.size:
+                del self.slot_waiting[model]
+            exchange.resume()
+            if exchange.stage == 1:  # WAITING again: no slot after all
+                return
+            queue = self.slot_waiting.get(model)
+
+    def has_slot_waiters(self, model: str) -> bool:
+        queue = self.slot_waiting.get(model)
+        return queue is not None and queue.size > 0
+
     def unpark(self, exchange) -> None:
+        queue = self.slot_waiting.get(exchange.routed_model)
+        tenant = exchange.tenant
+        if queue is not None and queue.remove(exchange, tenant.name if tenant else ""):
+            self.slot_waiters -= 1
+            if not queue.size:
+                del self.slot_waiting[exchange.routed_model]
+            return
         model = exchange.routed_model
         queue = self.parked.get(model)
         if queue is None:
@@ -171,7 +228,10 @@ class ProxyContext:
             self.waiting_reason.pop(model, None)
 
     def resume_parked(self) -> None:
-        """After a new routing table: the requests held for models that now have a replica go."""
+        """After a new routing table: the requests held for models that now have a replica go,
+        and those waiting for a slot try the replicas that came."""
+        for model in list(self.slot_waiting):
+            self.slot_freed(model)
         for model in [m for m in self.parked if self.table.endpoints(m)]:
             queue = self.parked.pop(model)
             self.waiting_reason.pop(model, None)
@@ -205,6 +265,7 @@ class ProxyContext:
             if table.is_ejected(slot)
         ]
         text = render(totals, table, ejected)
+        text += tenant_lines(self.tenants.tenants)
         if self.extra_metrics is not None:
             text += ("\n".join(self.extra_metrics()) + "\n").encode()
         return text

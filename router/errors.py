@@ -10,6 +10,7 @@ REASONS = {
     405: b"Method Not Allowed",
     408: b"Request Timeout",
     413: b"Payload Too Large",
+    429: b"Too Many Requests",
     431: b"Request Header Fields Too Large",
     499: b"Client Closed Request",
     500: b"Internal Server Error",
@@ -27,6 +28,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    429: "requests",  # OpenAI's type for a rate limit (its code: rate_limit_exceeded)
     431: "invalid_request_error",
 }
 

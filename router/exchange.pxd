@@ -52,8 +52,13 @@ cdef class Exchange(ResponseListener):
     cdef public double deadline
     cdef public bint first_chunk_seen
     cdef public str last_failure
+    cdef public object tenant
+    cdef public double reserved
+    cdef public bytes tail
+    cdef public Py_ssize_t events
+    cdef public double queued_at
 
-    cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key) except *
+    cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key, object tenant=*, double reserved=*) except *
     @cython.locals(allowed=long, to=long)
     cpdef void _move(self, object stage) except *
     cpdef void start(self)
@@ -70,6 +75,8 @@ cdef class Exchange(ResponseListener):
     cdef void _end_broken_answer(self, str message) except *
     cpdef void _finish(self, int status, bint failed=*, tuple error=*, bytes extra=*) except *
     cdef void _broke(self, object exc)
+    cdef void _settle(self, int status) except *
+    cdef void _keep_tail(self, bytes data) except *
     cdef void _write(self, bytes data) except *
     cpdef void upstream_headers(self, int status, _wire.ResponseReader head) except *
     @cython.locals(upstream=UpstreamConnection)

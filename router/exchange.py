@@ -23,6 +23,7 @@ from router.errors import error_body, sse_error_event
 from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
+from router.tenants import BYTES_PER_TOKEN, tokens_asked, usage_of
 from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
 from router.wire import monotonic
 
@@ -60,6 +61,7 @@ _ALLOWED = _moves(MOVES)
 # reading the clock for every chunk: a replica that stops sending is caught within
 # idle_timeout_s plus one sweep.
 RENEW_AT_SWEEP = -1.0
+TAIL_BYTES = 2048  # of a tenant's answer, kept for the engine's `usage` at its end
 
 
 class LifecycleError(RuntimeError):
@@ -84,10 +86,10 @@ class ClientSide:
 class Exchange(ResponseListener):
     """Attributes and the C-level methods are typed in exchange.pxd."""
 
-    def __init__(self, client, target, request, request_id, key=0):
-        self.begin(client, target, request, request_id, key)
+    def __init__(self, client, target, request, request_id, key=0, tenant=None, reserved=0.0):
+        self.begin(client, target, request, request_id, key, tenant, reserved)
 
-    def begin(self, client, target, request, request_id, key) -> None:
+    def begin(self, client, target, request, request_id, key, tenant=None, reserved=0.0) -> None:
         """What __init__ does, as a C call: the front makes its exchanges with
         `Exchange.__new__` and this, without Python's call protocol."""
         # Read through the typed attributes, not locals: compiled, these are C accesses.
@@ -112,6 +114,13 @@ class Exchange(ResponseListener):
         self.status = 0
         self.deadline = 0.0
         self.last_failure = ""
+        # Its tenant (router/tenants.py; None without keys): admitted against `reserved`
+        # tokens, settled from the answer's end (`tail`) or its count of stream events.
+        self.tenant = tenant
+        self.reserved = reserved
+        self.tail = b""
+        self.events = 0
+        self.queued_at = 0.0  # when it began to wait for a slot of a saturated model
 
     def _move(self, stage: Stage) -> None:
         allowed, to = _ALLOWED[self.stage], stage  # compiled: C integers
@@ -128,8 +137,12 @@ class Exchange(ResponseListener):
             self._broke(exc)
 
     def _pick(self) -> None:
-        if self.stage is not PICK:  # a retry
+        if self.stage is not PICK:  # a retry, or released from waiting
             self._move(PICK)
+        elif self.ctx.slot_waiters and not self.tried and self.ctx.has_slot_waiters(self.model):
+            # Others wait for this model's slots: a newcomer takes its turn behind them.
+            self._no_replica(SATURATED)
+            return
         table = self.ctx.table
         slot = table.acquire(self.routed_model, self.key, self.tried)
         if slot == NO_MODEL:
@@ -167,11 +180,21 @@ class Exchange(ResponseListener):
             self._finish(502, error=(why,))
             return
         self._move(WAITING)
+        if result == SATURATED and self.ctx.wait_for_slot(self):
+            # Released by priority and weight as slots free (router/fairqueue.py).
+            if not self.queued_at:
+                self.queued_at = monotonic()
+                self.deadline = self.queued_at + self.ctx.config.park_timeout_s
+            return
         if result == NO_ENDPOINT and self.ctx.park(self):
             # Held until a replica's route arrives (the control plane was told at once).
             self.deadline = self.ctx.clock() + self.ctx.config.park_timeout_s
             return
-        why = "is saturated" if result == SATURATED else "has no ready replica"
+        why = (
+            "is saturated and too many requests wait"
+            if result == SATURATED
+            else "has no ready replica"
+        )
         if result == NO_ENDPOINT and self.ctx.on_demand is not None:
             why = f"has no ready replica and {self.ctx.config.park_max} requests already wait"
         self._finish(
@@ -321,6 +344,13 @@ class Exchange(ResponseListener):
         self.ctx.metrics.in_flight -= 1
         now = monotonic()
         self.stats.finished(status, now - self.started if self.tried else None)
+        tenant = self.tenant
+        if tenant is not None:
+            self._settle(status)
+            if error and tenant.limited:
+                extra += tenant.limit_headers()
+        if slot >= 0 and self.ctx.slot_waiters:
+            self.ctx.slot_freed(self.routed_model)
         client = self.client
         if client.closed:
             client.exchange = None
@@ -330,6 +360,33 @@ class Exchange(ResponseListener):
             client.respond(status, error_body(status, message, code), self.request_id, extra)
         else:
             client.request_done(now)
+
+    def _settle(self, status: int) -> None:
+        """Count the answer for its tenant, and give its token bucket back the estimate less
+        what the engine used: its `usage` at the answer's end, else, for a stream, one token
+        per content event sent (a cut stream: those sent), else the estimate."""
+        tenant = self.tenant
+        prompt, completion = usage_of(self.tail) if self.tail else (-1, -1)
+        if prompt < 0:
+            if not self.tail:  # nothing came from an engine
+                prompt = completion = 0
+            else:
+                prompt = len(self.request.body) // BYTES_PER_TOKEN
+                if self.sse:
+                    completion = self.events - (1 if b"data: [DONE]" in self.tail else 0)
+                else:
+                    asked = tokens_asked(self.request.body, tenant.default_max_tokens)
+                    completion = asked - prompt
+        waited = monotonic() - self.queued_at if self.queued_at else 0.0
+        tenant.count(self.label, status, prompt, completion, False, waited)
+        tenant.settle(self.reserved, prompt + completion)
+
+    def _keep_tail(self, data: bytes) -> None:
+        """The answer's last bytes, where `usage` is, and its count of stream events."""
+        if self.sse:
+            self.events += data.count(b"data: ")
+        tail = self.tail + data if len(data) < TAIL_BYTES else data
+        self.tail = tail[-TAIL_BYTES:] if len(tail) > TAIL_BYTES else tail
 
     def _broke(self, exc: BaseException) -> None:
         """A bug on some path: log it, and still end the exchange properly."""
@@ -370,7 +427,11 @@ class Exchange(ResponseListener):
             self.sse = head.sse
             self.chunked = not head.length_given
             # Written with the body this read brings: one write for the whole read.
-            head.relay_head(self.request_id, not self.client.keep_alive)
+            tenant = self.tenant
+            if tenant is not None and tenant.limited:
+                head.relay_head(self.request_id, not self.client.keep_alive, tenant.limit_headers())
+            else:
+                head.relay_head(self.request_id, not self.client.keep_alive)
         except Exception as exc:
             self._broke(exc)
 
@@ -387,6 +448,8 @@ class Exchange(ResponseListener):
                 self.first_chunk_seen = True
                 self.stats.first_token.observe(monotonic() - self.started)
             self.deadline = RENEW_AT_SWEEP  # no clock read per chunk
+            if self.tenant is not None:
+                self._keep_tail(data)
             self._write(data)
         except Exception as exc:
             self._broke(exc)
@@ -416,6 +479,14 @@ class Exchange(ResponseListener):
 
     def check_deadline(self, now: float) -> None:
         try:
+            if self.stage is WAITING and now >= self.deadline and self.queued_at:
+                waited = round(self.ctx.config.park_timeout_s)
+                self._finish(
+                    503,
+                    error=(f"model `{self.model}` stayed saturated for {waited}s; retry later",),
+                    extra=b"retry-after: 5\r\n",
+                )
+                return
             if self.stage is WAITING and now >= self.deadline:
                 waited = round(self.ctx.config.park_timeout_s)
                 why = self.ctx.waiting_reason.get(self.routed_model)

@@ -15,7 +15,7 @@ cdef class ClientConnection(ClientSide):
 
     @cython.locals(completed=int)
     cpdef void data_received(self, bytes data) except *
-    @cython.locals(request=_wire.Request, exchange=Exchange)
+    @cython.locals(request=_wire.Request, exchange=Exchange, reserved=double, now=double, refused=int)
     cpdef void next_request(self) except *
     cpdef void respond(self, int status, bytes body, bytes request_id=*, bytes extra=*, bytes content_type=*) except *
     cpdef void request_done(self, double now) except *

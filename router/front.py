@@ -10,6 +10,7 @@ the per-request path sets no timers.
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 
 import orjson
@@ -19,12 +20,19 @@ from router.affinity import OFF
 from router.context import ProxyContext
 from router.errors import REASONS, RequestRefused, error_body
 from router.exchange import ClientSide, Exchange
+from router.metrics import OTHER_MODEL
 from router.target import Refusal
+from router.tenants import OVER_IN_FLIGHT, OVER_REQUESTS, OVER_TOKENS, tokens_asked
 from router.wire import RequestReader
 
 JSON = b"application/json"
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4"
 MAX_PIPELINED = 8
+LIMIT_NAMES = {
+    OVER_REQUESTS: "requests per minute",
+    OVER_TOKENS: "tokens per minute",
+    OVER_IN_FLIGHT: "requests in flight",
+}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # A request's reading time starts at the first deadline sweep (once a second) after it began,
 # not with a clock read per request: a slow client is cut within client_timeout_s plus one
@@ -114,13 +122,17 @@ class ClientConnection(ClientSide):
         request_id = request.x_request_id or ctx.new_request_id()
         path = request.path
         if path.startswith(b"/v1/"):
-            if ctx.keys_required and not ctx.authorised(request.authorization):
-                self.respond_error(
-                    401, "invalid or missing API key", request_id, code="invalid_api_key"
-                )
-                return
+            tenant = None
+            if ctx.keys_required:
+                found = ctx.tenants.find(request.authorization)
+                if found is None:
+                    self.respond_error(
+                        401, "invalid or missing API key", request_id, code="invalid_api_key"
+                    )
+                    return
+                tenant = found[0]
             if method == b"GET" and path.startswith(b"/v1/models"):
-                self.list_models(path, request_id)
+                self.list_models(path, request_id, tenant)
                 return
             try:
                 routed = target.target_of(request)
@@ -129,6 +141,24 @@ class ClientConnection(ClientSide):
                     refusal.status, str(refusal), request_id, refusal.code, refusal.param
                 )
                 return
+            reserved = 0.0
+            if tenant is not None:
+                if tenant.patterns and not tenant.may_call(routed[0]):
+                    # The same answer as a model that does not exist: which exist is not told.
+                    self.respond_error(
+                        404,
+                        f"The model `{routed[0]}` does not exist.",
+                        request_id,
+                        code="model_not_found",
+                    )
+                    return
+                if tenant.tokens_per_minute:
+                    reserved = tokens_asked(request.body, tenant.default_max_tokens)
+                now = ctx.clock()
+                refused = tenant.admit(now, reserved, now < ctx.tenants.lease_until)
+                if refused:
+                    self.refuse_over_limit(tenant, refused, routed[0], request_id)
+                    return
             mode = ctx.affinity_by_model.get(routed[0], ctx.affinity)
             key = 0
             if mode != OFF:
@@ -136,7 +166,7 @@ class ClientConnection(ClientSide):
                     routed[2], request.x_session_id, mode, ctx.affinity_prefix_chars
                 )
             exchange = Exchange.__new__(Exchange)
-            exchange.begin(self, routed, request, request_id, key)
+            exchange.begin(self, routed, request, request_id, key, tenant, reserved)
             self.exchange = exchange
             ctx.metrics.in_flight += 1
             exchange.start()
@@ -161,8 +191,20 @@ class ClientConnection(ClientSide):
             return
         self.respond_error(404, f"no route for {path.decode(errors='replace')}", request_id)
 
-    def list_models(self, path: bytes, request_id: bytes) -> None:
+    def refuse_over_limit(self, tenant, refused: int, model: str, request_id: bytes) -> None:
+        """429 as OpenAI answers it: which limit, when to retry, and the limits' headers."""
+        retry = tenant.retry_after(refused)
+        label = model if model in self.ctx.routed_models else OTHER_MODEL
+        tenant.count(label, 429, 0, 0, True, 0.0)
+        what = LIMIT_NAMES[refused]
+        message = f"Rate limit reached for tenant {tenant.name} on {what}; retry in {retry:.3g}s."
+        extra = b"retry-after: %d\r\n" % max(1, math.ceil(retry)) + tenant.limit_headers()
+        self.respond(429, error_body(429, message, "rate_limit_exceeded"), request_id, extra)
+
+    def list_models(self, path: bytes, request_id: bytes, tenant=None) -> None:
         cards = self.ctx.catalog.cards(self.ctx.table.models())
+        if tenant is not None and tenant.patterns:
+            cards = [card for card in cards if tenant.may_call(card["id"])]
         if path.rstrip(b"/") == b"/v1/models":
             self.respond(200, orjson.dumps({"object": "list", "data": cards}), request_id)
             return

@@ -112,7 +112,8 @@ def read_token(path: str | None) -> str | None:
     "--max-in-flight",
     default=0,
     show_default=True,
-    help="Requests one replica may have at once; beyond, 503 + Retry-After (0: no limit).",
+    help="Requests one replica may have at once; beyond, requests wait their turn by tenant"
+    " priority and weight, up to --park-timeout (0: no limit).",
 )
 @click.option(
     "--affinity",
@@ -154,13 +155,15 @@ def read_token(path: str | None) -> str | None:
     "--park-max",
     default=1000,
     show_default=True,
-    help="Requests held per model while it wakes from zero (with a control plane).",
+    help="Requests held per model while it wakes from zero (with a control plane), and per"
+    " tenant and model while its replicas are saturated.",
 )
 @click.option(
     "--park-timeout",
     default=600.0,
     show_default=True,
-    help="How long a held request waits for a replica, then 503 (engines load for minutes).",
+    help="How long a held request waits for a replica or a slot, then 503 (engines load for"
+    " minutes).",
 )
 @click.option("--log-level", default="info", show_default=True)
 def main(

@@ -146,7 +146,9 @@ class RouteWatcher:
         self.wait_s = wait_s
         self.version = -1
         self.affinity: dict[str, str] = {}  # per-model affinity the control plane publishes
+        self.tenants: dict = {}  # tenants' rules, this router's shares, keys' digests
         self.on_change = on_change  # called after each new table is applied
+        self.on_answer = None  # called after every answer of the control plane
 
     async def run(self) -> None:
         backoff = 0.2
@@ -161,6 +163,8 @@ class RouteWatcher:
                     table = await resp.json()
                     self.control_planes.answered(resp)
                 backoff = 0.2
+                if self.on_answer is not None:
+                    self.on_answer()
                 if table["version"] != self.version:
                     self.apply(table)
             except asyncio.CancelledError:
@@ -189,5 +193,6 @@ class RouteWatcher:
             for model, mode in (table.get("affinity") or {}).items()
             if mode in AFFINITY_MODES
         }
+        self.tenants = table.get("tenants") or {}
         if self.on_change is not None:
             self.on_change()

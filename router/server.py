@@ -139,6 +139,7 @@ class RouterServer:
                 settings.token,
                 self.started,
                 engine_load=self.load_reader.report if self.load_reader else None,
+                tenants=ctx.tenants,
             )
         tasks = [
             asyncio.create_task(self.tick(ctx)),
@@ -148,6 +149,8 @@ class RouterServer:
 
             def routes_changed():
                 ctx.affinity_by_model = watcher.affinity
+                ctx.tenants_changed(watcher.tenants)
+                ctx.refresh_routed_models()  # metrics label the new models from now on
                 ctx.resume_parked()
                 self.acks.routes_changed()
                 self.report_soon.set()
@@ -159,6 +162,7 @@ class RouterServer:
                 settings.token,
                 on_change=routes_changed,
             )
+            watcher.on_answer = lambda: ctx.tenants.heard(ctx.clock())
             tasks.append(asyncio.create_task(watcher.run()))
             ctx.on_demand = lambda model, waiting: self.ask_for(ctx, model, waiting)
         try:

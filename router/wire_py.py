@@ -161,7 +161,7 @@ class ResponseReader:
         self.head_bytes = 0
         self.body: list[bytes] = []
 
-    def relay_head(self, request_id: bytes, close: bool) -> None:
+    def relay_head(self, request_id: bytes, close: bool, extra: bytes = b"") -> None:
         """The head the client gets goes out ahead of the body (`router._wire`'s)."""
         reason = self.reason or REASONS.get(self.status, b"")
         head = b"".join(
@@ -170,6 +170,7 @@ class ResponseReader:
                 self.head,
                 b"" if self.length_given else b"transfer-encoding: chunked\r\n",
                 b"connection: close\r\n" if close else b"",
+                extra,
                 b"x-request-id: ",
                 request_id,
                 b"\r\n\r\n",

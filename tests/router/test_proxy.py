@@ -303,18 +303,30 @@ def test_workers_share_one_port_and_stop_together(procs):
         )
 
 
-def test_saturated_replicas_answer_503_with_retry_after(procs):
-    engine = procs.engine("m", ttft=1.0)
-    router, _ = procs.router(f"--backend=m={engine}", "--max-in-flight", "1")
+def _second_while_first_runs(router: str) -> tuple[dict, tuple]:
     first = {}
     thread = threading.Thread(
         target=lambda: first.update(status=post(router + "/v1/completions", b'{"model":"m"}')[0])
     )
     thread.start()
     wait_until(lambda: router_metric(router, "gpurouter_in_flight_requests") == 1)
-    status, headers, body = post(router + "/v1/completions", b'{"model":"m"}')
+    second = post(router + "/v1/completions", b'{"model":"m"}')
     thread.join()
-    assert (status, headers["Retry-After"]) == (503, "1")
+    return first, second
+
+
+def test_a_request_to_saturated_replicas_waits_for_a_slot(procs):
+    engine = procs.engine("m", ttft=1.0)
+    router, _ = procs.router(f"--backend=m={engine}", "--max-in-flight", "1")
+    first, (status, _, _) = _second_while_first_runs(router)
+    assert (first["status"], status) == (200, 200)
+
+
+def test_saturated_replicas_answer_503_with_retry_after_past_the_park_timeout(procs):
+    engine = procs.engine("m", ttft=4.0)
+    router, _ = procs.router(f"--backend=m={engine}", "--max-in-flight", "1", "--park-timeout", "1")
+    first, (status, headers, body) = _second_while_first_runs(router)
+    assert (status, headers["Retry-After"]) == (503, "5")
     assert "saturated" in json.loads(body)["error"]["message"]
     assert first["status"] == 200
     assert post(router + "/v1/completions", b'{"model":"m"}')[0] == 200

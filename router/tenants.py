@@ -1,0 +1,317 @@
+"""Tenants at the router: whose a key is, what the tenant may call, and its share of each limit.
+
+The control plane sends, with the routes, each tenant's rules, this router's share of each
+per-minute limit, and the SHA-256 of every key (controlplane/tenantshares.py). A request's
+key is found with one hash and one lookup. Each limit is a bucket per tenant that fills at
+this router's share per minute and holds at most a minute of it:
+- requests: one per request;
+- tokens: a request is admitted while the bucket is above zero and takes its estimate (the
+  prompt's bytes / 4 plus `max_tokens`, `max_completion_tokens` or the tenant's default);
+  when the answer ends the engine's `usage` replaces the estimate;
+- in flight: this router's share of `max_in_flight`.
+A share holds while the lease from the last word of the control plane runs; after it, the
+floor (a router cut off cannot go on spending a share the others were given meanwhile).
+
+Typed in tenants.pxd: compiled, the lookup and the checks are C calls.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import math
+import re
+import time
+
+KEYS_FILE_TENANT = "api-keys-file"  # --api-keys-file's keys: a tenant with no limits
+MAX_AUTHORIZATION = 1024  # longer is no key of ours: refused before it is hashed
+BYTES_PER_TOKEN = 4  # a prompt's estimate: its bytes over this (English, JSON around it)
+MODELS_REMEMBERED = 4096  # per tenant: may_call's answers kept (models are few)
+USAGE_WIDTH = 6  # requests, errors, rate_limited, prompt_tokens, completion_tokens, queue_wait_s
+MAX_TOKENS = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*(\d{1,9})')
+PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})')
+COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,12})')
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
+# Why a request was refused, as admit() returns it (0: admitted).
+ADMITTED, OVER_REQUESTS, OVER_TOKENS, OVER_IN_FLIGHT = 0, 1, 2, 3
+
+
+def tokens_asked(body: bytes, default_max_tokens: int) -> int:
+    """A request's estimate: its prompt (the body's bytes / 4) plus what it may generate."""
+    found = MAX_TOKENS.search(body)
+    wanted = int(found.group(1)) if found is not None else default_max_tokens
+    return len(body) // BYTES_PER_TOKEN + wanted
+
+
+def usage_of(tail: bytes) -> tuple[int, int]:
+    """(prompt, completion) tokens from the engine's `usage` at an answer's end; -1 each
+    where it gave none."""
+    prompt = PROMPT_TOKENS.search(tail)
+    completion = COMPLETION_TOKENS.search(tail)
+    if prompt is None or completion is None:
+        return -1, -1
+    return int(prompt.group(1)), int(completion.group(1))
+
+
+class Bucket:
+    """`rate` per minute, holding at most a minute of it; `level` may go below zero (a
+    request's tokens are taken whole once the bucket is above zero)."""
+
+    def __init__(self, per_minute: float, now: float) -> None:
+        self.per_minute = per_minute
+        self.level = per_minute
+        self.at = now
+
+    def fill(self, per_minute: float, now: float) -> None:
+        if per_minute != self.per_minute:
+            self.per_minute = per_minute
+        elapsed = now - self.at
+        self.at = now
+        if elapsed > 0:
+            self.level = min(per_minute, self.level + elapsed * per_minute / 60.0)
+        elif self.level > per_minute:
+            self.level = per_minute
+
+    def wait_for(self, need: float) -> float:
+        """Seconds until the level reaches `need`."""
+        if self.per_minute <= 0:
+            return 60.0
+        return max(0.001, (need - self.level) * 60.0 / self.per_minute)
+
+
+class TenantState:
+    """One tenant as this router holds it: rules, shares, buckets and counters."""
+
+    def __init__(self, name: str, now: float) -> None:
+        self.name = name
+        self.patterns: tuple = ()
+        self.allowed: dict = {}
+        self.requests_per_minute = 0.0  # fleet-wide limits (0: none)
+        self.tokens_per_minute = 0.0
+        self.max_in_flight = 0
+        self.weight = 1.0
+        self.priority = 0
+        self.default_max_tokens = 256
+        self.limited = False
+        self.share = (0.0, 0.0, 0.0)  # this router's (requests, tokens, in flight)
+        self.floor = (0.0, 0.0, 0.0)
+        self.requests = Bucket(0.0, now)
+        self.tokens = Bucket(0.0, now)
+        self.in_flight = 0
+        self.demand_requests = 0.0  # asked of this router since it started, admitted or not
+        self.demand_tokens = 0.0
+        self.usage: dict = {}  # model -> [USAGE_WIDTH counters]
+        self.codes: dict = {}  # (model, status) -> answers
+        self.waits: dict = {}  # model -> [count per WAIT_BUCKETS bucket, +Inf, sum]
+
+    def configure(self, rules: dict, share, floor_share: float, routers: int) -> None:
+        self.patterns = tuple(rules.get("models") or ())
+        self.allowed = {}
+        self.requests_per_minute = float(rules.get("requests_per_minute") or 0)
+        self.tokens_per_minute = float(rules.get("tokens_per_minute") or 0)
+        self.max_in_flight = int(rules.get("max_in_flight") or 0)
+        self.weight = float(rules.get("weight") or 1.0)
+        self.priority = int(rules.get("priority") or 0)
+        self.default_max_tokens = int(rules.get("default_max_tokens") or 256)
+        self.limited = bool(
+            self.requests_per_minute or self.tokens_per_minute or self.max_in_flight
+        )
+        limits = (self.requests_per_minute, self.tokens_per_minute, float(self.max_in_flight))
+        floor = []
+        for limit in limits:
+            floor.append(min(limit * floor_share, limit / max(routers, 1)))
+        self.floor = tuple(floor)
+        if share is None:
+            self.share = self.floor
+            return
+        given = []
+        for i in range(3):
+            given.append(float(share[i]) if i < len(share) and share[i] is not None else floor[i])
+        self.share = tuple(given)
+
+    def may_call(self, model: str) -> bool:
+        if not self.patterns:
+            return True
+        known = self.allowed.get(model)
+        if known is None:
+            known = False
+            for pattern in self.patterns:
+                if fnmatch.fnmatchcase(model, pattern):
+                    known = True
+                    break
+            if len(self.allowed) < MODELS_REMEMBERED:
+                self.allowed[model] = known
+        return known
+
+    def admit(self, now: float, tokens: float, leased: bool) -> int:
+        """ADMITTED (and counted in flight), or which limit refuses the request."""
+        self.demand_requests += 1
+        self.demand_tokens += tokens
+        share = self.share if leased else self.floor
+        if self.max_in_flight and self.in_flight >= max(1.0, math.floor(share[2])):
+            return OVER_IN_FLIGHT
+        if self.requests_per_minute:
+            self.requests.fill(share[0], now)
+            if self.requests.level < 1.0:
+                return OVER_REQUESTS
+        if self.tokens_per_minute:
+            self.tokens.fill(share[1], now)
+            if self.tokens.level <= 0.0:
+                return OVER_TOKENS
+            self.tokens.level -= tokens
+        if self.requests_per_minute:
+            self.requests.level -= 1.0
+        self.in_flight += 1
+        return ADMITTED
+
+    def retry_after(self, refused: int) -> float:
+        if refused == OVER_REQUESTS:
+            return self.requests.wait_for(1.0)
+        if refused == OVER_TOKENS:
+            return self.tokens.wait_for(0.001)
+        return 1.0  # in flight: as soon as one ends
+
+    def settle(self, reserved: float, used: float) -> None:
+        """An admitted request ended: its tokens are what the engine said, not the estimate."""
+        self.in_flight -= 1
+        if self.tokens_per_minute:
+            self.tokens.level = min(self.tokens.per_minute, self.tokens.level + reserved - used)
+
+    def count(
+        self, model: str, status: int, prompt: int, completion: int, refused: bool, waited: float
+    ) -> None:
+        row = self.usage.get(model)
+        if row is None:
+            row = self.usage[model] = [0.0] * USAGE_WIDTH
+        row[0] += 1
+        if status >= 400:
+            row[1] += 1
+        if refused:
+            row[2] += 1
+        row[3] += prompt
+        row[4] += completion
+        row[5] += waited
+        code = (model, status)
+        self.codes[code] = self.codes.get(code, 0) + 1
+        if waited > 0:
+            self.observe_wait(model, waited)
+
+    def observe_wait(self, model: str, waited: float) -> None:
+        counts = self.waits.get(model)
+        if counts is None:
+            counts = self.waits[model] = [0] * (len(WAIT_BUCKETS) + 1) + [0.0]
+        index = 0
+        while index < len(WAIT_BUCKETS) and waited > WAIT_BUCKETS[index]:
+            index += 1
+        counts[index] += 1
+        counts[-1] += waited
+
+    def limit_headers(self) -> bytes:
+        """OpenAI's x-ratelimit-* lines for this router's buckets (after the last admit)."""
+        lines = []
+        if self.requests_per_minute:
+            lines.append(_header_set(b"requests", self.requests_per_minute, self.requests))
+        if self.tokens_per_minute:
+            lines.append(_header_set(b"tokens", self.tokens_per_minute, self.tokens))
+        return b"".join(lines)
+
+    def report(self) -> dict:
+        return {
+            "demand": [self.demand_requests, self.demand_tokens],
+            "usage": {model: list(row) for model, row in self.usage.items()},
+        }
+
+
+def _header_set(kind: bytes, limit: float, bucket: Bucket) -> bytes:
+    remaining = max(0, int(bucket.level))
+    reset = 0.0 if bucket.per_minute <= 0 else bucket.wait_for(bucket.per_minute)
+    if bucket.level >= bucket.per_minute:
+        reset = 0.0
+    return (
+        b"x-ratelimit-limit-%s: %d\r\nx-ratelimit-remaining-%s: %d\r\nx-ratelimit-reset-%s: %s\r\n"
+        % (
+            kind,
+            int(limit),
+            kind,
+            remaining,
+            kind,
+            _duration(reset),
+        )
+    )
+
+
+def _duration(seconds: float) -> bytes:
+    """OpenAI's form: 1s, 6m0s, 250ms."""
+    if seconds < 1.0:
+        return b"%dms" % int(seconds * 1000)
+    if seconds < 60.0:
+        return b"%.3gs" % seconds
+    return b"%dm%ds" % (int(seconds // 60), int(seconds % 60))
+
+
+class TenantBook:
+    """Every tenant this router knows, and the digests of their keys."""
+
+    def __init__(self) -> None:
+        self.by_digest: dict = {}  # SHA-256 of a key -> (TenantState, key id)
+        self.tenants: dict = {}  # name -> TenantState
+        self.keys_used: dict = {}  # key id -> wall time last used
+        self.share_lease_s = 15.0
+        self.lease_until = 0.0  # monotonic: the shares hold until then
+        self.file_keys: dict = {}  # --api-keys-file's digests -> (tenant, "")
+
+    def enabled(self) -> bool:
+        """Whether a request needs a key: once any tenant is applied (even one with no key
+        left), or --api-keys-file was given."""
+        return bool(self.tenants)
+
+    def find(self, authorization):
+        """(tenant, key id) of a request's `Authorization: Bearer KEY`, or None."""
+        if authorization is None or len(authorization) > MAX_AUTHORIZATION:
+            return None
+        if not authorization.startswith(b"Bearer "):
+            return None
+        found = self.by_digest.get(hashlib.sha256(authorization[7:].strip()).digest())
+        if found is not None and found[1]:
+            self.keys_used[found[1]] = time.time()
+        return found
+
+    def use_keys_file(self, keys, now: float) -> None:
+        tenant = TenantState(KEYS_FILE_TENANT, now)
+        self.file_keys = {hashlib.sha256(key).digest(): (tenant, "") for key in keys}
+        self.tenants[KEYS_FILE_TENANT] = tenant
+        self.by_digest = {**self.by_digest, **self.file_keys}
+
+    def heard(self, now: float) -> None:
+        """The control plane answered: the shares it gave hold for another lease."""
+        self.lease_until = now + self.share_lease_s
+
+    def update(self, part: dict, router_id: str, now: float) -> None:
+        """Apply a routing table's `tenants` part. A tenant kept keeps its buckets and
+        counters; requests of a tenant gone finish with the state they hold."""
+        rules = part.get("tenants") or {}
+        self.share_lease_s = float(part.get("share_lease_s") or self.share_lease_s)
+        floor_share = float(part.get("floor_share") or 0.02)
+        tenants = {}
+        for name, body in rules.items():
+            tenant = self.tenants.get(name) or TenantState(name, now)
+            shares = body.get("shares") or {}
+            tenant.configure(body, shares.get(router_id), floor_share, len(shares) or 1)
+            tenants[name] = tenant
+        if self.file_keys:
+            tenants[KEYS_FILE_TENANT] = self.tenants[KEYS_FILE_TENANT]
+        by_digest = dict(self.file_keys)
+        for hex_digest, (name, key_id) in (part.get("keys") or {}).items():
+            tenant = tenants.get(name)
+            if tenant is not None:
+                by_digest[bytes.fromhex(hex_digest)] = (tenant, key_id)
+        self.tenants = tenants
+        self.by_digest = by_digest
+        self.heard(now)
+
+    def report(self) -> dict:
+        return {name: tenant.report() for name, tenant in self.tenants.items()}
+
+    def take_keys_used(self) -> dict:
+        used, self.keys_used = self.keys_used, {}
+        return used

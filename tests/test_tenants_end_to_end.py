@@ -1,0 +1,244 @@
+"""Tenants through the real processes: a `gpuctl server`, a router following it, sim engines.
+
+Keys made by the control plane reach the router as digests with the routes; the router knows
+the tenant from the key, refuses what the tenant may not call as a model that does not exist,
+holds it to its limits with OpenAI's answers, and reports its use back.
+"""
+
+import hashlib
+import json
+import threading
+
+import openai
+import pytest
+
+from tests.harness import call, get, post, wait_until
+from tests.router.test_with_control_plane import Fleet, activity
+
+pytestmark = pytest.mark.integration
+
+
+def tenant(fleet, **body):
+    status, answer = call("POST", fleet.url + "/v1/tenants", body)
+    assert status in (200, 201), answer
+    return answer
+
+
+def new_key(fleet, name):
+    status, answer = call("POST", fleet.url + f"/v1/tenants/{name}/keys")
+    assert status == 201, answer
+    return answer["key"], answer["id"]
+
+
+def route_version(router):
+    return activity(router)["route_version"]
+
+
+def chat(router, key, model="chat", **headers):
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    return post(
+        router + "/v1/chat/completions",
+        body.encode(),
+        {"Authorization": f"Bearer {key}", "Content-Type": "application/json", **headers},
+    )
+
+
+def served(router, key):
+    return lambda: chat(router, key)[0] == 200
+
+
+@pytest.fixture
+def fleet(procs, tmp_path):
+    return Fleet(procs, tmp_path)
+
+
+def test_keys_tell_tenants_apart_and_bad_keys_change_nothing(fleet):
+    router, _ = fleet.serve(chat=1, embed=1)
+    tenant(fleet, name="team-a", models=["chat"])
+    key, key_id = new_key(fleet, "team-a")
+    wait_until(served(router, key), what="the key to reach the router")
+
+    listed = call("GET", fleet.url + "/v1/tenants")[1]["items"]
+    assert [k["id"] for k in listed[0]["keys"]] == [key_id]
+    assert key not in json.dumps(listed), "a key is shown once, when made"
+
+    for header in (
+        {},
+        {"Authorization": "Bearer not-a-key"},
+        {"Authorization": "Basic " + key},
+        {"Authorization": "Bearer " + "k" * 10_000},  # 10 KB
+        {"Authorization": "Bearer"},
+        {"Authorization": "Bearer " + key[:-1]},
+    ):
+        body = json.dumps({"model": "chat", "messages": []}).encode()
+        status, _, answer = post(router + "/v1/chat/completions", body, header)
+        assert status == 401, header.get("Authorization", "")[:20]
+        assert json.loads(answer)["error"]["code"] == "invalid_api_key"
+
+    # Not its model: the same answer as a model that does not exist.
+    status, _, answer = chat(router, key, model="embed")
+    status_none, _, answer_none = chat(router, key, model="no-such-model")
+    assert (status, status_none) == (404, 404)
+    assert json.loads(answer)["error"]["code"] == "model_not_found"
+    assert json.loads(answer)["error"]["message"].replace("embed", "X") == json.loads(answer_none)[
+        "error"
+    ]["message"].replace("no-such-model", "X")
+    api = openai.OpenAI(base_url=router + "/v1", api_key=key, max_retries=0)
+    assert {m.id for m in api.models.list()} == {"chat"}, "the list shows what it may call"
+    assert chat(router, key)[0] == 200, "the bad requests changed nothing"
+
+
+def test_a_limit_is_refused_with_openai_answers_and_headers(fleet):
+    router, _ = fleet.serve(chat=1)
+    tenant(fleet, name="small", requests_per_minute=3, tokens_per_minute=100_000)
+    key, _ = new_key(fleet, "small")
+    wait_until(lambda: chat(router, key)[0] in (200, 429), what="the key to reach the router")
+    answers = [chat(router, key) for _ in range(6)]
+    statuses = [status for status, _, _ in answers]
+    assert 429 in statuses
+    ok = (
+        next(headers for status, headers, _ in answers if status == 200)
+        if 200 in statuses
+        else None
+    )
+    refused_status, headers, body = next(a for a in answers if a[0] == 429)
+    error = json.loads(body)["error"]
+    assert error["code"] == "rate_limit_exceeded"
+    assert int(headers["Retry-After"]) >= 1
+    for kind in ("requests", "tokens"):
+        for part in ("limit", "remaining", "reset"):
+            assert headers[f"x-ratelimit-{part}-{kind}"], (part, kind)
+    assert headers["x-ratelimit-limit-requests"] == "3"
+    if ok is not None:
+        assert ok["x-ratelimit-limit-requests"] == "3"
+    with pytest.raises(openai.RateLimitError):
+        openai.OpenAI(base_url=router + "/v1", api_key=key, max_retries=0).chat.completions.create(
+            model="chat", messages=[]
+        )
+
+
+def test_a_revoked_key_is_refused_within_one_route_version_and_its_requests_finish(fleet, procs):
+    router, _ = _slow_chat(fleet, procs, ttft=2.0)
+    tenant(fleet, name="leaving")
+    key, key_id = new_key(fleet, "leaving")
+    wait_until(served(router, key), timeout=30, what="the key to reach the router")
+
+    in_flight = {}
+    thread = threading.Thread(target=lambda: in_flight.update(answer=chat(router, key)))
+    thread.start()
+    wait_until(lambda: _in_flight(router) == 1, what="a request in flight")
+    assert call("DELETE", fleet.url + f"/v1/keys/{key_id}")[0] == 200
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    without = {}
+
+    def published_without_the_key():
+        table = call("GET", fleet.url + "/v1/routes")[1]
+        if digest not in table.get("tenants", {}).get("keys", {}):
+            without["version"] = table["version"]
+        return without
+
+    wait_until(published_without_the_key, what="a route version without the key")
+    wait_until(lambda: route_version(router) >= without["version"], what="that version")
+    assert chat(router, key)[0] == 401, "refused from the first version without it"
+    thread.join()
+    assert in_flight["answer"][0] == 200, "a request admitted before finishes"
+
+
+def test_a_deleted_tenants_waiting_requests_are_answered(fleet, procs):
+    router, _ = _slow_chat(fleet, procs, 1.5, "--max-in-flight", "1")
+    tenant(fleet, name="gone")
+    tenant(fleet, name="stays")  # with no tenant left, a router needs no key at all
+    key, _ = new_key(fleet, "gone")
+    wait_until(served(router, key), timeout=30, what="the key to reach the router")
+
+    answers = []
+    threads = [
+        threading.Thread(target=lambda: answers.append(chat(router, key)[0])) for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: _waiting_for_slot(router) >= 1, what="requests waiting for a slot")
+    assert call("DELETE", fleet.url + "/v1/tenants/gone")[0] == 200
+    wait_until(lambda: chat(router, key)[0] == 401, what="the deletion to reach the router")
+    for thread in threads:
+        thread.join(30)
+    assert sorted(answers) == [200, 200, 200], "admitted before the deletion: served"
+    assert call("GET", fleet.url + "/v1/tenants/gone")[0] == 404
+
+
+def test_usage_is_counted_per_tenant_and_model_from_the_engines_usage(fleet):
+    router, _ = fleet.serve(chat=1)
+    tenant(fleet, name="counted", tokens_per_minute=1_000_000)
+    key, _ = new_key(fleet, "counted")
+    wait_until(served(router, key), what="the key to reach the router")
+    api = openai.OpenAI(base_url=router + "/v1", api_key=key, max_retries=0)
+    answer = api.chat.completions.create(model="chat", messages=[], max_tokens=7)
+    stream = api.chat.completions.create(model="chat", messages=[], max_tokens=5, stream=True)
+    events = sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content)
+    text = get(router + "/metrics")[1].decode()
+    completion = _series(
+        text, 'gpurouter_tenant_tokens_total{tenant="counted",model="chat",kind="completion"}'
+    )
+    # JSON: the engine's usage; the stream without usage: its content events.
+    assert completion >= answer.usage.completion_tokens + events
+    wait_until(
+        lambda: any(
+            row["tenant"] == "counted" and row["model"] == "chat" and row["requests"] >= 2
+            for row in call("GET", fleet.url + "/v1/usage?since=1h")[1]["items"]
+        ),
+        what="usage at the control plane",
+    )
+
+
+def test_bad_tenants_are_refused_with_the_field_named_and_change_nothing(fleet):
+    tenant(fleet, name="kept", requests_per_minute=10)
+    for body, field in (
+        ({"name": "t", "requests_per_minute": -1}, "requests_per_minute"),
+        ({"name": "t", "tokens_per_minute": 10**20}, "tokens_per_minute"),
+        ({"name": "t", "max_in_flight": 0}, "max_in_flight"),
+        ({"name": "t", "weight": 0}, "weight"),
+        ({"name": "t", "weight": "heavy"}, "weight"),
+        ({"name": "t", "requests_per_minute": 1.5}, "requests_per_minute"),
+        ({"name": "t", "models": "a b"}, "models"),
+        ({"name": "T!"}, "name"),
+        ({"name": "t", "budget": 3}, "budget"),
+        ({"name": "kept", "priority": "high"}, "priority"),
+    ):
+        status, answer = call("POST", fleet.url + "/v1/tenants", body)
+        assert status == 400, body
+        assert answer["error"]["param"] == field, (body, answer)
+    rows = call("GET", fleet.url + "/v1/tenants")[1]["items"]
+    assert [(r["name"], r["requests_per_minute"]) for r in rows] == [("kept", 10)]
+    assert call("POST", fleet.url + "/v1/tenants/nobody/keys")[0] == 404
+    assert call("DELETE", fleet.url + "/v1/keys/key-none")[0] == 404
+    assert call("GET", fleet.url + "/v1/usage?since=forever")[0] == 400
+
+
+def _slow_chat(fleet, procs, ttft, *router_flags):
+    """One replica of `chat` on an engine that takes `ttft` to answer, and a router."""
+    fleet.model("chat", 1)
+
+    def assigned():
+        return call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"]
+
+    wait_until(lambda: len(assigned()) == 1, what="placement")
+    engine = procs.engine("chat", ttft=ttft)
+    fleet.ready = {assigned()[0]["replica"]: {"state": "Ready", "url": engine}}
+    call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {"replicas": fleet.ready})
+    return fleet.router(*router_flags)
+
+
+def _in_flight(router):
+    return sum(activity(router)["in_flight"].values())
+
+
+def _waiting_for_slot(router):
+    text = get(router + "/metrics")[1].decode()
+    return _series(text, 'gpurouter_tenant_in_flight_requests{tenant="gone"}') - 1
+
+
+def _series(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
