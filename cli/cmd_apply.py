@@ -24,7 +24,12 @@ def read_specs(path: str) -> list:
         raise click.ClickException(f"{path}: not valid YAML: {exc}") from None
     specs = []
     for document in documents:
-        if isinstance(document, dict) and isinstance(document.get("models"), list):
+        # `models:` lists model specs; a tenant's `models` lists what it may call.
+        if (
+            isinstance(document, dict)
+            and isinstance(document.get("models"), list)
+            and "kind" not in document
+        ):
             specs += document["models"]
         else:
             specs.append(document)
@@ -50,13 +55,17 @@ def read_specs(path: str) -> list:
 @pass_context
 def apply(ctx: Context, path: str, dry_run: bool, output: str):
     """Create or update the models and adapters in a YAML file (one spec per document, or
-    `models:`); a document with `kind: adapter` is a LoRA adapter of its `base`."""
+    `models:`); a document with `kind: adapter` is a LoRA adapter of its `base`, one with
+    `kind: tenant` a tenant (who calls the routers, and its limits)."""
     results, names = [], []
     query = "?dry_run=true" if dry_run else ""
     for spec in read_specs(path):
         if isinstance(spec, dict) and spec.get("kind") == "adapter":
             answer = ctx.post("/v1/adapters" + query, spec)
             names.append(f"adapter/{answer['adapter']['name']}")
+        elif isinstance(spec, dict) and spec.get("kind") == "tenant":
+            answer = ctx.post("/v1/tenants" + query, spec)
+            names.append(f"tenant/{answer['tenant']['name']}")
         else:
             answer = ctx.post("/v1/models" + query, spec)
             names.append(f"model/{answer['spec']['name']}")
@@ -79,14 +88,17 @@ def apply(ctx: Context, path: str, dry_run: bool, output: str):
 @OUTPUT
 @pass_context
 def delete(ctx: Context, model: str, output: str):
-    """Delete MODEL (its replicas stop), or `adapter/NAME` (unloaded wherever it is)."""
+    """Delete MODEL (its replicas stop), `adapter/NAME` (unloaded wherever it is) or
+    `tenant/NAME` (its keys are refused from the next route version)."""
     kind, _, name = model.rpartition("/")
-    if kind == "adapter":
-        answer = ctx.delete(f"/v1/adapters/{name}")
-        say(output, answer, f"adapter/{answer['adapter']['name']}", "deleted")
+    if kind in ("adapter", "tenant"):
+        answer = ctx.delete(f"/v1/{kind}s/{name}")
+        say(output, answer, f"{kind}/{answer[kind]['name']}", "deleted")
         return
     if kind not in ("", "model"):
-        raise click.BadParameter(f"{model}: model/NAME or adapter/NAME", param_hint="MODEL")
+        raise click.BadParameter(
+            f"{model}: model/NAME, adapter/NAME or tenant/NAME", param_hint="MODEL"
+        )
     answer = ctx.delete(f"/v1/models/{name}")
     say(output, answer, f"model/{answer['spec']['name']}", "deleted")
 

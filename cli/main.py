@@ -11,6 +11,7 @@ from cli.cmd_sim_engine import sim_engine
 from cli.cmd_status import status
 from cli.cmd_stop_idle import stop_idle
 from cli.cmd_tables import adapters, models, nodes, replicas
+from cli.cmd_tenants import tenants, usage
 from cli.cmd_up import up
 from cli.context import Context
 
@@ -55,6 +56,8 @@ for command in (
     replicas,
     models,
     adapters,
+    tenants,
+    usage,
     routers,
     stop_idle,
     apply,

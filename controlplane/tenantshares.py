@@ -77,7 +77,7 @@ class TenantLedger:
 
     def report(self, body: dict, now: float) -> None:
         """Take one router's report (already checked by the idle tracker for the rest)."""
-        router, incarnation = body["router"], body["incarnation"]
+        router, incarnation = body["router"], body.get("incarnation", "")
         counters = parse_tenants(body.get("tenants", {}))
         keys = body.get("keys_used", {})
         if not isinstance(keys, dict) or not all(

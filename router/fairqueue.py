@@ -1,9 +1,10 @@
 """One model's requests waiting for a slot, when its replicas are all at --max-in-flight: a
 queue per tenant, released by priority band first, then by weight.
 
-Within a band, start-time fair queueing: each tenant's next request carries a tag, the later of
-the queue's virtual time and the tenant's last finish, plus 1 / weight; the lowest tag goes
-first, and the virtual time moves to its start. Two tenants always waiting, of weights 1 and 3,
+Within a band, fair queueing by virtual time: a tenant's first waiting request starts at the
+later of the queue's virtual time and the tenant's last finish, and finishes 1 / weight
+later; the earliest finish goes first, the virtual time moves to its start, and the tenant's
+next request starts where that one finished. Two tenants always waiting, of weights 1 and 3,
 are released 1:3; a tenant that was away comes back at the present, with no credit saved up.
 """
 
@@ -18,6 +19,7 @@ class FairQueue:
         self.queues: dict[str, deque] = {}
         self.rules: dict[str, tuple[int, float]] = {}  # tenant -> (priority, weight)
         self.finish: dict[str, float] = {}  # tenant -> virtual finish of its last release
+        self.start: dict[str, float] = {}  # tenant -> virtual start of its next release
         self.virtual = 0.0
         self.size = 0
 
@@ -26,6 +28,7 @@ class FairQueue:
         queue = self.queues.get(tenant)
         if queue is None:
             queue = self.queues[tenant] = deque()
+            self.start[tenant] = max(self.virtual, self.finish.get(tenant, 0.0))
         if len(queue) >= self.bound:
             return False
         queue.append(exchange)
@@ -36,19 +39,16 @@ class FairQueue:
     def pop(self):
         """The next exchange to release, or None."""
         best = None
-        for tenant, queue in self.queues.items():
-            if not queue:
-                continue
+        for tenant in self.queues:
             priority, weight = self.rules[tenant]
-            start = max(self.virtual, self.finish.get(tenant, 0.0))
-            tag = (-priority, start + 1.0 / weight, tenant)
-            if best is None or tag < best[0]:
-                best = (tag, tenant, start)
+            tag = (-priority, self.start[tenant] + 1.0 / weight, tenant)
+            if best is None or tag < best:
+                best = tag
         if best is None:
             return None
-        (_, finish, _), tenant, start = best
-        self.virtual = start
-        self.finish[tenant] = finish
+        _, finish, tenant = best
+        self.virtual = self.start[tenant]
+        self.finish[tenant] = self.start[tenant] = finish
         queue = self.queues[tenant]
         exchange = queue.popleft()
         if not queue:

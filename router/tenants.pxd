@@ -31,6 +31,7 @@ cdef class TenantState:
     cdef public dict usage
     cdef public dict codes
     cdef public dict waits
+    cdef public double created
 
     cpdef bint may_call(self, str model) except -1
     cpdef int admit(self, double now, double tokens, bint leased) except -1

@@ -83,6 +83,7 @@ class TenantState:
     """One tenant as this router holds it: rules, shares, buckets and counters."""
 
     def __init__(self, name: str, now: float) -> None:
+        """Unusable until `configure`d."""
         self.name = name
         self.patterns: tuple = ()
         self.allowed: dict = {}
@@ -95,8 +96,9 @@ class TenantState:
         self.limited = False
         self.share = (0.0, 0.0, 0.0)  # this router's (requests, tokens, in flight)
         self.floor = (0.0, 0.0, 0.0)
-        self.requests = Bucket(0.0, now)
-        self.tokens = Bucket(0.0, now)
+        self.requests = None  # Buckets, made full at the first share
+        self.tokens = None
+        self.created = now
         self.in_flight = 0
         self.demand_requests = 0.0  # asked of this router since it started, admitted or not
         self.demand_tokens = 0.0
@@ -123,11 +125,16 @@ class TenantState:
         self.floor = tuple(floor)
         if share is None:
             self.share = self.floor
-            return
-        given = []
-        for i in range(3):
-            given.append(float(share[i]) if i < len(share) and share[i] is not None else floor[i])
-        self.share = tuple(given)
+        else:
+            given = []
+            for i in range(3):
+                given.append(
+                    float(share[i]) if i < len(share) and share[i] is not None else floor[i]
+                )
+            self.share = tuple(given)
+        if self.requests is None:
+            self.requests = Bucket(self.share[0], self.created)
+            self.tokens = Bucket(self.share[1], self.created)
 
     def may_call(self, model: str) -> bool:
         if not self.patterns:
@@ -278,6 +285,7 @@ class TenantBook:
 
     def use_keys_file(self, keys, now: float) -> None:
         tenant = TenantState(KEYS_FILE_TENANT, now)
+        tenant.configure({}, None, 0.0, 1)
         self.file_keys = {hashlib.sha256(key).digest(): (tenant, "") for key in keys}
         self.tenants[KEYS_FILE_TENANT] = tenant
         self.by_digest = {**self.by_digest, **self.file_keys}

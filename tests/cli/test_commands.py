@@ -268,3 +268,40 @@ def test_a_list_is_fetched_a_chunk_at_a_time_and_comes_whole(cp):
     table = run(*auth, "nodes", "--chunk-size", "2", "--no-headers").output.splitlines()
     assert [line.split()[0] for line in table] == ["gpu-1", "gpu-2", "gpu-3"]
     assert run(*auth, "nodes", "--chunk-size", "-1").exit_code == 2
+
+
+def test_tenants_apply_keys_and_usage(cp, tmp_path):
+    auth = ["--server", cp, "--token", "sekret"]
+    doc = tmp_path / "tenants.yaml"
+    doc.write_text(
+        yaml.safe_dump_all(
+            [
+                {"kind": "tenant", "name": "team-a", "requests_per_minute": 600, "weight": 3},
+                {"kind": "tenant", "name": "team-b", "models": ["llama*"]},
+            ]
+        )
+    )
+    applied = run(*auth, "apply", "-f", str(doc))
+    assert applied.exit_code == 0, applied.output
+    assert "tenant/team-a created" in applied.output
+    made = run(*auth, "tenants", "create-key", "team-a")
+    assert made.exit_code == 0, made.output
+    key = made.output.split()[0]
+    assert key.startswith("gfk_")
+    listed = run(*auth, "tenants", "-o", "wide")
+    assert "team-a" in listed.output and "600" in listed.output and "llama*" in listed.output
+    assert key not in listed.output and key not in run(*auth, "tenants", "-o", "json").output
+    key_id = json.loads(run(*auth, "tenants", "-o", "json").output)["items"][0]["keys"][0]["id"]
+    assert run(*auth, "tenants", "revoke-key", key_id).exit_code == 0
+    again = run(*auth, "tenants", "revoke-key", key_id)
+    assert again.exit_code == 1 and "not found" in again.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"kind": "tenant", "name": "team-c", "max_in_flight": -2}))
+    refused = run(*auth, "apply", "-f", str(bad))
+    assert refused.exit_code == 1 and "max_in_flight" in refused.output
+    assert run(*auth, "delete", "tenant/team-b").exit_code == 0
+    names = json.loads(run(*auth, "tenants", "-o", "json").output)["items"]
+    assert [t["name"] for t in names] == ["team-a"]
+    usage = run(*auth, "usage", "--since", "30m", "-o", "json")
+    assert usage.exit_code == 0 and json.loads(usage.output)["items"] == []
+    assert run(*auth, "usage", "--since", "2d").exit_code == 1

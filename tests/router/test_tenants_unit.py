@@ -1,0 +1,137 @@
+"""The router's tenant rules in isolation: buckets, shares, the fair queue, usage parsing."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controlplane.tenantshares import FLOOR_SHARE, by_demand, split
+from router.fairqueue import FairQueue
+from router.tenants import (
+    ADMITTED,
+    OVER_IN_FLIGHT,
+    OVER_REQUESTS,
+    OVER_TOKENS,
+    TenantBook,
+    TenantState,
+    tokens_asked,
+    usage_of,
+)
+
+
+def limited(now=0.0, **rules):
+    """A tenant whose whole limits are this router's share (a router alone)."""
+    tenant = TenantState("t", now)
+    names = ("requests_per_minute", "tokens_per_minute", "max_in_flight")
+    tenant.configure(rules, [rules.get(name) for name in names], FLOOR_SHARE, 1)
+    return tenant
+
+
+def test_requests_are_admitted_at_the_share_and_refused_beyond():
+    tenant = TenantState("t", 0.0)
+    tenant.configure({"requests_per_minute": 600}, [60.0, None, None], FLOOR_SHARE, 3)
+    admitted = sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(100))
+    assert admitted == 60, "a minute of the share at once, no more"
+    assert tenant.admit(0.0, 0, True) == OVER_REQUESTS
+    assert 0.9 <= tenant.retry_after(OVER_REQUESTS) <= 1.1  # one request a second
+    assert tenant.admit(1.01, 0, True) == ADMITTED
+
+
+def test_a_lapsed_lease_falls_to_the_floor():
+    tenant = TenantState("t", 0.0)
+    tenant.configure({"requests_per_minute": 6000}, [3000.0, None, None], FLOOR_SHARE, 2)
+    tenant.requests.level = 0.0
+    assert tenant.admit(1.0, 0, True) == ADMITTED  # 50 a second under the share
+    tenant.requests.level = 0.0
+    tenant.admit(2.0, 0, False)
+    assert tenant.requests.per_minute == 6000 * FLOOR_SHARE
+
+
+def test_tokens_are_taken_whole_and_settled_from_the_engines_usage():
+    tenant = limited(tokens_per_minute=1000)
+    assert tenant.admit(0.0, 900, True) == ADMITTED
+    assert tenant.admit(0.0, 900, True) == ADMITTED  # the bucket was above zero
+    assert tenant.admit(0.0, 10, True) == OVER_TOKENS
+    tenant.settle(900, 100)  # used far less than estimated: 800 back, to zero
+    assert tenant.admit(0.0, 10, True) == OVER_TOKENS
+    tenant.settle(900, 100)
+    assert tenant.admit(0.0, 10, True) == ADMITTED
+    assert tenant.in_flight == 1
+
+
+def test_in_flight_is_held_to_the_share():
+    tenant = TenantState("t", 0.0)
+    tenant.configure({"max_in_flight": 10}, [None, None, 2.0], FLOOR_SHARE, 5)
+    assert [tenant.admit(0.0, 0, True) for _ in range(3)] == [
+        ADMITTED,
+        ADMITTED,
+        OVER_IN_FLIGHT,
+    ]
+    tenant.settle(0, 0)
+    assert tenant.admit(0.0, 0, True) == ADMITTED
+
+
+def test_estimates_and_usage_are_read_from_the_bytes():
+    body = b'{"model":"m","max_tokens": 50,"messages":[]}'
+    assert tokens_asked(body, 256) == len(body) // 4 + 50
+    assert tokens_asked(b'{"model":"m"}', 256) == 3 + 256
+    tail = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34}}\n\n'
+    assert usage_of(tail) == (12, 34)
+    assert usage_of(b'{"usage": null}') == (-1, -1)
+    assert usage_of(b'"prompt_tokens": 99999999999999999999') == (-1, -1)
+
+
+def test_the_book_finds_a_key_by_its_digest_and_refuses_the_rest():
+    import hashlib
+
+    book = TenantBook()
+    digest = hashlib.sha256(b"secret").hexdigest()
+    book.update(
+        {"tenants": {"a": {"requests_per_minute": 10}}, "keys": {digest: ["a", "key-1"]}},
+        "r1",
+        0.0,
+    )
+    assert book.find(b"Bearer secret")[0].name == "a"
+    assert book.find(b"Bearer secret ")[0].name == "a"
+    for bad in (None, b"", b"secret", b"Bearer other", b"Bearer " + b"s" * 20_000):
+        assert book.find(bad) is None
+    kept = book.tenants["a"]
+    book.update({"tenants": {"a": {"requests_per_minute": 20}}, "keys": {}}, "r1", 1.0)
+    assert book.tenants["a"] is kept, "a tenant kept keeps its buckets"
+    assert book.find(b"Bearer secret") is None
+    assert book.enabled()
+
+
+def test_weights_release_one_to_three_and_priority_goes_first():
+    queue = FairQueue(bound=1000)
+    for i in range(400):
+        queue.push(("a", i), "a", 0, 1.0)
+        queue.push(("b", i), "b", 0, 3.0)
+    released = [queue.pop()[0] for _ in range(200)]
+    assert abs(released.count("b") / released.count("a") - 3.0) < 0.1
+    queue.push(("vip", 0), "vip", 5, 1.0)
+    assert queue.pop() == ("vip", 0)
+    assert queue.remove(("a", 399), "a") and not queue.remove(("a", 399), "a")
+
+
+def test_a_full_tenant_queue_refuses_and_leaves_the_others_room():
+    queue = FairQueue(bound=2)
+    assert queue.push(1, "a", 0, 1.0) and queue.push(2, "a", 0, 1.0)
+    assert not queue.push(3, "a", 0, 1.0)
+    assert queue.push(4, "b", 0, 1.0)
+
+
+@given(
+    st.floats(1, 1e9),
+    st.dictionaries(st.text(min_size=1, max_size=3), st.floats(0, 1e9), min_size=1, max_size=20),
+)
+def test_shares_add_up_to_the_limit_and_each_has_its_floor(limit, demands):
+    shares = split(limit, demands)
+    assert set(shares) == set(demands)
+    assert abs(sum(shares.values()) - limit) <= 1e-6 * limit
+    floor = min(limit * FLOOR_SHARE, limit / len(demands))
+    assert all(share >= floor * (1 - 1e-9) for share in shares.values())
+
+
+def test_shares_follow_demand_when_it_exceeds_the_limit():
+    shares = split(600, {"r1": 4800, "r2": 600, "r3": 600})
+    assert shares["r1"] > 5 * shares["r2"]
+    assert by_demand(10, {"a": 2, "b": 3}) == {"a": 4.5, "b": 5.5}
