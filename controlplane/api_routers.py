@@ -93,8 +93,9 @@ async def post_activity(request: web.Request) -> web.Response:
     fleet = term(request).fleet
     body = await body_of(request)
     try:
+        tenants = fleet.ledger.check(body)  # before anything is taken from the report
         fleet.idle.report(body)
-        fleet.ledger.report(body, fleet.wall())
+        fleet.ledger.report(body, tenants, fleet.wall())
     except ReportError as exc:
         raise ApiError(400, str(exc), "invalid_request", exc.field) from None
     # Stored before the answer (leader_only awaits it): an acknowledged goodbye survives a

@@ -75,16 +75,21 @@ class TenantLedger:
         self.keys_used: dict[str, float] = {}  # key id -> wall time last used
         self.published: dict[str, dict[str, list[float]]] = {}  # tenant -> router -> shares
 
-    def report(self, body: dict, now: float) -> None:
-        """Take one router's report (already checked by the idle tracker for the rest)."""
-        router, incarnation = body["router"], body.get("incarnation", "")
-        counters = parse_tenants(body.get("tenants", {}))
+    def check(self, body) -> dict:
+        """A report's `tenants` and `keys_used` parsed, or ReportError naming the field."""
+        if not isinstance(body, dict):
+            return {}
         keys = body.get("keys_used", {})
         if not isinstance(keys, dict) or not all(
             isinstance(k, str) and _number(v) for k, v in keys.items()
         ):
             raise ReportError("keys_used", "expected {key id: wall time}")
-        for key_id, at in keys.items():
+        return parse_tenants(body.get("tenants", {}))
+
+    def report(self, body: dict, counters: dict, now: float) -> None:
+        """Take one router's report, checked: its tenants' `counters` from `check`."""
+        router, incarnation = body["router"], body.get("incarnation", "")
+        for key_id, at in body.get("keys_used", {}).items():
             self.keys_used[key_id] = max(at, self.keys_used.get(key_id, 0.0))
         previous = self.last.get(router)
         self.last[router] = (incarnation, now, counters)
@@ -112,7 +117,7 @@ class TenantLedger:
                 old = was["usage"].get(model, [0.0] * len(USAGE_FIELDS))
                 into = bucket.setdefault((tenant, model), [0.0] * len(USAGE_FIELDS))
                 for i, (a, b) in enumerate(zip(values, old, strict=True)):
-                    into[i] += max(0.0, a - b) if a >= b else a  # a restart's counters restart
+                    into[i] += a - b if a >= b else a  # counters that went back restarted
         self._forget_old(now)
 
     def _bucket(self, now: float) -> dict:

@@ -373,7 +373,9 @@ class Exchange(ResponseListener):
             else:
                 prompt = len(self.request.body) // BYTES_PER_TOKEN
                 if self.sse:
-                    completion = self.events - (1 if b"data: [DONE]" in self.tail else 0)
+                    # Its events less the closing pair: the one with the finish reason, and
+                    # [DONE]; a stream cut short has neither.
+                    completion = self.events - (2 if b"data: [DONE]" in self.tail else 0)
                 else:
                     asked = tokens_asked(self.request.body, tenant.default_max_tokens)
                     completion = asked - prompt

@@ -42,6 +42,7 @@ class Faults:
     hang: bool = False  # accept completions and never answer
     close_after_tokens: int = -1  # cut each stream after this many tokens (-1: never)
     unhealthy: bool = False  # /health answers 503
+    no_usage: bool = False  # answers carry no `usage` (as some engines and proxies send them)
     # /metrics misbehaves: "" (not), hang, error (500), huge (10 MB), nan, negative, or
     # unknown (no series a router knows)
     metrics: str = ""
@@ -206,7 +207,8 @@ class SimEngine:
                 await asyncio.sleep(gap)
         final = _chunk(completion_id, created, body["model"], chat, "", "length")
         await response.write(b"data: " + orjson.dumps(final) + b"\n\n")
-        if (body.get("stream_options") or {}).get("include_usage"):
+        wants_usage = (body.get("stream_options") or {}).get("include_usage")
+        if wants_usage and not self.settings.faults.no_usage:
             usage = {
                 "id": completion_id,
                 "object": "chat.completion.chunk" if chat else "text_completion",
@@ -230,7 +232,7 @@ class SimEngine:
             }
         else:
             choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
-        return {
+        answer = {
             "id": _new_id(chat),
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
@@ -238,6 +240,9 @@ class SimEngine:
             "choices": [choice],
             "usage": usage,
         }
+        if self.settings.faults.no_usage:
+            del answer["usage"]
+        return answer
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await self._body(request)

@@ -242,3 +242,62 @@ def _series(text, name):
         if line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_answers_without_usage_and_cut_streams_are_settled_by_what_was_sent(fleet, procs):
+    engine = procs.engine("chat", output_tokens=10)
+    fleet.model("chat", 1)
+
+    def assigned():
+        return call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"]
+
+    wait_until(lambda: len(assigned()) == 1, what="placement")
+    fleet.ready = {assigned()[0]["replica"]: {"state": "Ready", "url": engine}}
+    call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {"replicas": fleet.ready})
+    router, _ = fleet.router()
+    tenant(fleet, name="settled", tokens_per_minute=1_000_000)
+    key, _ = new_key(fleet, "settled")
+    wait_until(served(router, key), what="the key to reach the router")
+    before = _completion_tokens(router, "settled")
+    assert call("POST", engine + "/sim/faults", {"no_usage": True})[0] == 200
+    body = {"model": "chat", "messages": [], "max_tokens": 7}
+    headers = {"Authorization": f"Bearer {key}"}
+    status, _, answer = post(router + "/v1/chat/completions", json.dumps(body).encode(), headers)
+    assert status == 200 and "usage" not in json.loads(answer)
+    # No usage in a JSON answer: what it was admitted for (its max_tokens) is what it used.
+    assert _completion_tokens(router, "settled") == before + 7
+    streamed = {**body, "stream": True}
+    status, _, events = post(
+        router + "/v1/chat/completions", json.dumps(streamed).encode(), headers
+    )
+    assert status == 200
+    # A whole stream without usage: one token per content event.
+    assert _completion_tokens(router, "settled") == before + 7 + 7
+    assert call("POST", engine + "/sim/faults", {"close_after_tokens": 3})[0] == 200
+    status, _, _ = post(router + "/v1/chat/completions", json.dumps(streamed).encode(), headers)
+    # A stream cut after 3 tokens: the 3 sent.
+    assert _completion_tokens(router, "settled") == before + 7 + 7 + 3
+    assert served(router, key)(), "the engine's faults changed nothing at the router"
+
+
+def _completion_tokens(router, name):
+    text = get(router + "/metrics")[1].decode()
+    return _series(
+        text, f'gpurouter_tenant_tokens_total{{tenant="{name}",model="chat",kind="completion"}}'
+    )
+
+
+def test_a_bad_tenants_report_is_refused_whole(fleet):
+    good = {"router": "r9", "incarnation": "i", "uptime_s": 1, "used": {}, "watched": {}}
+    for tenants, field in (
+        ({"a": {"demand": [-1, 0]}}, "tenants"),
+        ({"a": {"demand": [1, "many"]}}, "tenants"),
+        ({"a": {"demand": [1, 0], "usage": {"m": [1, 2]}}}, "tenants"),
+        ([], "tenants"),
+    ):
+        status, answer = call("POST", fleet.url + "/v1/activity", {**good, "tenants": tenants})
+        assert (status, answer["error"]["param"]) == (400, field), tenants
+    status, answer = call("POST", fleet.url + "/v1/activity", {**good, "keys_used": {"k": "x"}})
+    assert (status, answer["error"]["param"]) == (400, "keys_used")
+    routers = call("GET", fleet.url + "/v1/routers")[1]["items"]
+    assert "r9" not in {r["id"] for r in routers}, "nothing of a refused report is kept"
