@@ -17,6 +17,7 @@ from router.leader import ControlPlanes
 from router.listen import parse_listen
 from router.routes import static_config
 from router.server import RouterServer, RouterSettings
+from router.tenantsfile import read_tenants_file
 
 
 def read_token(path: str | None) -> str | None:
@@ -71,6 +72,12 @@ def read_token(path: str | None) -> str | None:
     "--api-keys-file",
     type=click.Path(exists=True, dir_okay=False),
     help="Accepted client API keys, one a line; none: no key needed.",
+)
+@click.option(
+    "--tenants-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="YAML of tenants, their limits and their keys' SHA-256, for a router without a"
+    " control plane (a control plane sends its own).",
 )
 @click.option(
     "--tick", "tick_s", default=2.0, show_default=True, help="Activity report period (s)."
@@ -174,6 +181,7 @@ def main(
     ca_file,
     token_file,
     api_keys_file,
+    tenants_file,
     tick_s,
     workers,
     router_id,
@@ -211,7 +219,15 @@ def main(
     if api_keys_file:
         with open(api_keys_file) as f:
             api_keys = tuple(line.strip().encode() for line in f if line.strip())
+    if tenants_file and control_plane:
+        raise click.UsageError("--tenants-file is for a router without --control-plane")
+    if tenants_file:
+        try:
+            read_tenants_file(tenants_file, "")
+        except (ValueError, OSError) as exc:
+            raise click.UsageError(str(exc)) from None
     settings = RouterSettings(
+        tenants_file=tenants_file,
         host=host,
         port=port,
         static_routes=routes,

@@ -23,6 +23,7 @@ from router.front import ClientConnection
 from router.leader import ControlPlanes
 from router.metrics import SharedMetrics
 from router.routes import RouteWatcher
+from router.tenantsfile import read_tenants_file
 
 log = logging.getLogger("gpurouter")
 ACK_POLL_S = 0.05  # how often the last requests on a replica that left the table are looked at
@@ -49,6 +50,7 @@ class RouterSettings:
     kv_threshold: float = 0.8  # KV-cache use at which affinity counts a replica as full
     metrics_folder: str | None = None  # with several workers: where they pool their counters
     worker: int = 0
+    tenants_file: str | None = None  # tenants without a control plane (router/tenantsfile.py)
     catalog_every_s: float = 10.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
@@ -106,6 +108,8 @@ class RouterServer:
             catalog=ModelCatalog(),
         )
         ctx.affinity_by_model = dict(settings.static_affinity)
+        if settings.tenants_file:
+            ctx.tenants_changed(read_tenants_file(settings.tenants_file, self.router_id))
         if self.load_reader is not None:
             ctx.extra_metrics = self.load_reader.metrics_lines
             self.load_reader.start()

@@ -248,12 +248,13 @@ def _header_set(kind: bytes, limit: float, bucket: Bucket) -> bytes:
 
 
 def _duration(seconds: float) -> bytes:
-    """OpenAI's form: 1s, 6m0s, 250ms."""
+    """OpenAI's form: 250ms, 1s, 6m0s."""
     if seconds < 1.0:
         return b"%dms" % int(seconds * 1000)
-    if seconds < 60.0:
-        return b"%.3gs" % seconds
-    return b"%dm%ds" % (int(seconds // 60), int(seconds % 60))
+    whole = int(round(seconds))
+    if whole < 60:
+        return b"%ds" % whole
+    return b"%dm%ds" % (whole // 60, whole % 60)
 
 
 class TenantBook:

@@ -301,3 +301,27 @@ def test_a_bad_tenants_report_is_refused_whole(fleet):
     assert (status, answer["error"]["param"]) == (400, "keys_used")
     routers = call("GET", fleet.url + "/v1/routers")[1]["items"]
     assert "r9" not in {r["id"] for r in routers}, "nothing of a refused report is kept"
+
+
+def test_a_router_without_a_control_plane_takes_its_tenants_from_a_file(procs, tmp_path):
+    engine = procs.engine("chat")
+    digest = hashlib.sha256(b"file-key").hexdigest()
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        f"tenants:\n  - name: solo\n    requests_per_minute: 2\n    key_sha256: [{digest}]\n"
+    )
+    router, _ = procs.router(f"--backend=chat={engine}", "--tenants-file", str(tenants))
+    statuses = [chat(router, "file-key")[0] for _ in range(3)]
+    assert statuses == [200, 200, 429], "the whole limit is a lone router's"
+    assert chat(router, "other-key")[0] == 401
+    bad = tmp_path / "bad.yaml"
+    for text in (
+        "tenants: {}",
+        "tenants: [{name: x, key_sha256: [abc]}]",
+        "tenants: [{name: y, rpm: 3}]",
+    ):
+        bad.write_text(text)
+        proc = procs.start(
+            ["gpurouter", "--backend", f"chat={engine}", "--tenants-file", str(bad)], name="bad"
+        )
+        assert proc.wait(10) == 2, text
