@@ -2,7 +2,7 @@
 
     python bench/compare_routers.py [--seconds 10] [--connections 64] [--workers 1]
         [--mode json|sse|streams] [--tokens 64] [--streams 10000] [--rounds 1]
-        [--with-relay] [--vllm-router PATH] [--sglang-router PATH]
+        [--with-relay] [--tenant] [--vllm-router PATH] [--sglang-router PATH]
 
 Not part of CI. The backend is bench/fixed_upstream.py (fixed answers, fast enough not to be
 what is measured); each proxy is pinned to its `--workers` CPUs with `taskset`, the backend and
@@ -115,13 +115,15 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
 
 def load(
     url: str, seconds: float, connections: int, work: Path, body: str, other_cpus: str,
-    tool: str = "wrk",
+    tool: str = "wrk", key: str = "",
 ) -> dict:  # fmt: skip
+    """`key`: sent as `Authorization: Bearer KEY` (to every contender alike)."""
     if tool == "wrk" and shutil.which("wrk"):
         script = work / "post.lua"
         script.write_text(
             f"wrk.method = \"POST\"\nwrk.body = '{body}'\n"
             'wrk.headers["Content-Type"] = "application/json"\n'
+            + (f'wrk.headers["Authorization"] = "Bearer {key}"\n' if key else "")
         )
         done = subprocess.run(
             pinned(
@@ -176,6 +178,7 @@ def load(
                 str(connections),
                 "--seconds",
                 str(seconds),
+                *(["--header", f"Authorization: Bearer {key}"] if key else []),
             ],
         ),
         capture_output=True,
@@ -185,6 +188,23 @@ def load(
         check=True,
     )
     return {**json.loads(done.stdout), "tool": "loadgen"}
+
+
+BENCH_KEY = "gfk_bench-key-of-the-comparison"
+
+
+def tenants_file(work: Path) -> Path:
+    """A tenant with every limit on, none of them reached: what is measured is the checks."""
+    import hashlib
+
+    path = work / "tenants.yaml"
+    digest = hashlib.sha256(BENCH_KEY.encode()).hexdigest()
+    path.write_text(
+        "tenants:\n  - name: bench\n    requests_per_minute: 100000000\n"
+        "    tokens_per_minute: 100000000000\n    max_in_flight: 100000\n"
+        f"    key_sha256: [{digest}]\n"
+    )
+    return path
 
 
 def nginx_conf(work: Path, port: int, backend: int, workers: int) -> Path:
@@ -226,6 +246,10 @@ def contenders(backend_url: str, work: Path, args) -> dict:
             str(args.workers),
         ],
     }
+    if args.tenant:
+        found["gpurouter+tenant"] = lambda port: [
+            *found["gpurouter"](port), "--tenants-file", str(tenants_file(work))
+        ]  # fmt: skip
     backend_port = int(backend_url.rsplit(":", 1)[1])
     if args.with_relay:
         found["uvloop-relay"] = lambda port: [
@@ -272,9 +296,10 @@ def throughput(name, proc, url, args, work, other_cpus) -> tuple[dict, float]:
     """The load's result (with the proxy's user and system CPU per answer) and the cores the
     proxy used."""
     body = STREAM_BODY if args.mode == "sse" else BODY
-    load(url, 2, args.connections, work, body, other_cpus, args.load)  # warm-up
+    key = BENCH_KEY if args.tenant else ""
+    load(url, 2, args.connections, work, body, other_cpus, args.load, key)  # warm-up
     user, system = cpu_seconds(proc.pid)
-    result = load(url, args.seconds, args.connections, work, body, other_cpus, args.load)
+    result = load(url, args.seconds, args.connections, work, body, other_cpus, args.load, key)
     user_after, system_after = cpu_seconds(proc.pid)
     answers = max(1.0, result["rps"] * args.seconds)
     result["user_us"] = (user_after - user) * 1e6 / answers
@@ -334,6 +359,12 @@ def main() -> int:
         choices=["wrk", "loadgen"],
         help="the load generator; default: wrk for json, loadgen for sse (it times the gaps"
         " in each answer, and wrk's SSE tail is its own: see docs/performance.md)",
+    )
+    parser.add_argument(
+        "--tenant",
+        action="store_true",
+        help="also gpurouter with a tenant's key and every limit on (--tenants-file); the"
+        " key goes with every contender's requests",
     )
     parser.add_argument("--vllm-router")
     parser.add_argument("--sglang-router")
@@ -435,18 +466,25 @@ def median_round(results: list) -> tuple[dict, float | None]:
     return ranked[(len(ranked) - 1) // 2]
 
 
+RATIOS = (("gpurouter", "nginx"), ("gpurouter+tenant", "gpurouter"))
+
+
 def print_ratios(by_contender: dict[str, list]) -> None:
-    if "gpurouter" not in by_contender or "nginx" not in by_contender:
-        return
-    ratios = [
-        per_core(ours) / per_core(theirs)
-        for ours, theirs in zip(by_contender["gpurouter"], by_contender["nginx"], strict=True)
-        if per_core(theirs)
-    ]
-    if ratios:
-        listed = " ".join(f"{r:.2f}" for r in ratios)
-        middle = sorted(ratios)[(len(ratios) - 1) // 2]
-        print(f"\ngpurouter / nginx per core, round by round: {listed} (median {middle:.2f})")
+    for ours_name, theirs_name in RATIOS:
+        if ours_name not in by_contender or theirs_name not in by_contender:
+            continue
+        ratios = [
+            per_core(ours) / per_core(theirs)
+            for ours, theirs in zip(by_contender[ours_name], by_contender[theirs_name], strict=True)
+            if per_core(theirs)
+        ]
+        if ratios:
+            listed = " ".join(f"{r:.2f}" for r in ratios)
+            middle = sorted(ratios)[(len(ratios) - 1) // 2]
+            print(
+                f"\n{ours_name} / {theirs_name} per core, round by round: {listed}"
+                f" (median {middle:.2f})"
+            )
 
 
 def print_table(rows, args) -> None:

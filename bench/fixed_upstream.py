@@ -11,7 +11,8 @@ import asyncio
 
 BODY = (
     b'{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,'
-    b'"text":"ok","finish_reason":"length"}]}'
+    b'"text":"ok","finish_reason":"length"}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
 )
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
     len(BODY),

@@ -17,10 +17,11 @@ import time
 from urllib.parse import urlsplit
 
 
-def build_request(url: str, body: bytes) -> tuple[str, int, bytes]:
+def build_request(url: str, body: bytes, headers: tuple[str, ...] = ()) -> tuple[str, int, bytes]:
     parts = urlsplit(url)
+    extra = "".join(f"{header}\r\n" for header in headers)
     head = (
-        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n"
+        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n{extra}"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return parts.hostname, parts.port, head.encode() + body
@@ -72,8 +73,10 @@ def quantiles(values: list[float], prefix: str) -> dict:
     return {f"{prefix}p50_ms": at(0.5), f"{prefix}p99_ms": at(0.99), f"{prefix}p999_ms": at(0.999)}
 
 
-async def run(url: str, body: bytes, connections: int, seconds: float, warmup: float) -> dict:
-    host, port, request = build_request(url, body)
+async def run(
+    url: str, body: bytes, connections: int, seconds: float, warmup: float, headers=()
+) -> dict:
+    host, port, request = build_request(url, body, headers)
     if warmup:
         await asyncio.gather(
             *(
@@ -109,11 +112,21 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument(
+        "--header", action="append", default=[], help="NAME: VALUE, sent with each request"
+    )
     args = parser.parse_args()
     import uvloop
 
     result = uvloop.run(
-        run(args.url, args.body.encode(), args.connections, args.seconds, args.warmup)
+        run(
+            args.url,
+            args.body.encode(),
+            args.connections,
+            args.seconds,
+            args.warmup,
+            tuple(args.header),
+        )
     )
     print(json.dumps(result))
 

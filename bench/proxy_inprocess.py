@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import hashlib
 import pstats
 import sys
 import time
@@ -28,7 +29,10 @@ REQUEST = (
     b"Content-Type: application/json\r\nUser-Agent: OpenAI/Python 1.0\r\n"
     b"Authorization: Bearer sk-none\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
 )
-ANSWER_BODY = b'{"id":"cmpl-1","object":"text_completion","model":"m","choices":[]}'
+ANSWER_BODY = (
+    b'{"id":"cmpl-1","object":"text_completion","model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+)
 ANSWER = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ndate: Mon, 30 Nov 2026 00:00:00 GMT"
     b"\r\nserver: uvicorn\r\ncontent-length: %d\r\n\r\n%s" % (len(ANSWER_BODY), ANSWER_BODY)
@@ -60,14 +64,33 @@ class RecordingTransport:
     resume_reading = pause_reading
 
 
-def run(requests: int, affinity: str = "prefix", clock=time.perf_counter) -> float:
+# A tenant with every limit on and none reached, whose key the request carries (--tenant).
+TENANT = {
+    "tenants": {
+        "bench": {
+            "requests_per_minute": 10**8,
+            "tokens_per_minute": 10**11,
+            "max_in_flight": 10**5,
+            "shares": {"": [10**8, 10**11, 10**5]},
+        }
+    },
+    "keys": {hashlib.sha256(b"sk-none").hexdigest(): ["bench", "key-1"]},
+}
+
+
+def run(
+    requests: int, affinity: str = "prefix", clock=time.perf_counter, tenant: bool = False
+) -> float:
     """Seconds per request through the proxy's Python code, on `clock` (time.thread_time: the
-    CPU this thread spent, which time taken by other processes of a shared machine leaves out)."""
+    CPU this thread spent, which time taken by other processes of a shared machine leaves out).
+    `tenant`: the request's key is a tenant's, with its limits checked."""
 
     async def body() -> float:
         table = EndpointTable()
         table.update({"m": [("r1", "http://127.0.0.1:9")]})
         ctx = ProxyContext(table, ProxyConfig(affinity=affinity))
+        if tenant:
+            ctx.tenants_changed(TENANT)
         pool = ctx.pool_for("http://127.0.0.1:9")
         upstream = UpstreamConnection(pool)
         upstream.connection_made(RecordingTransport())
@@ -123,6 +146,7 @@ def main() -> None:
         choices=["off", "session", "prefix"],
         help="the router's --affinity (off: least in flight, no key computed)",
     )
+    parser.add_argument("--tenant", action="store_true", help="the key is a limited tenant's")
     args = parser.parse_args()
     if args.opcodes:
         run(50, args.affinity)  # warm up
@@ -132,10 +156,10 @@ def main() -> None:
             print(f"{n / 200:8.1f}  {name}")
     elif args.profile:
         profiler = cProfile.Profile()
-        profiler.runcall(run, args.requests, args.affinity)
+        profiler.runcall(run, args.requests, args.affinity, tenant=args.tenant)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
     else:
-        best = min(run(args.requests, args.affinity) for _ in range(5))
+        best = min(run(args.requests, args.affinity, tenant=args.tenant) for _ in range(5))
         print(f"{best * 1e6:.2f} µs of Python per proxied request")
 
 

@@ -64,4 +64,5 @@ cdef class ResponseReader:
 
 
 cpdef bytes numbered(bytes prefix, Py_ssize_t number)
+cpdef bytes ratelimit_lines(bytes prefix, Py_ssize_t remaining, bytes reset_name, Py_ssize_t reset_ms)
 cpdef double monotonic() noexcept

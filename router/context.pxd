@@ -4,6 +4,7 @@ from router cimport _fastpath
 from router.metrics cimport RouterMetrics
 from router.upstream cimport UpstreamPool
 from router._wire cimport numbered
+from router.tenants cimport TenantBook
 
 
 cdef class ProxyContext:
@@ -28,7 +29,7 @@ cdef class ProxyContext:
     cdef public object on_demand
     cdef public dict affinity_by_model
     cdef public object extra_metrics
-    cdef public object tenants
+    cdef public TenantBook tenants
     cdef public dict slot_waiting
     cdef public Py_ssize_t slot_waiters
     # settings read on every request, copied from `config`

@@ -187,11 +187,12 @@ class ProxyContext:
             self.slot_waiters += 1
         return queued
 
-    def slot_freed(self, model: str) -> None:
-        """A slot of `model` is free: the next waiting request by priority and weight takes
-        it; while the ones released find their slots taken again, the rest stay queued."""
+    def slot_freed(self, model: str, slots: int = 1) -> None:
+        """`slots` of `model` are free: as many waiting requests take them, by priority and
+        weight. One that finds no slot after all goes back to wait (and stops the release)."""
         queue = self.slot_waiting.get(model)
-        while queue is not None and queue.size:
+        while slots > 0 and queue is not None and queue.size:
+            slots -= 1
             exchange = queue.pop()
             self.slot_waiters -= 1
             if not queue.size:
@@ -231,7 +232,7 @@ class ProxyContext:
         """After a new routing table: the requests held for models that now have a replica go,
         and those waiting for a slot try the replicas that came."""
         for model in list(self.slot_waiting):
-            self.slot_freed(model)
+            self.slot_freed(model, self.config.park_max)
         for model in [m for m in self.parked if self.table.endpoints(m)]:
             queue = self.parked.pop(model)
             self.waiting_reason.pop(model, None)

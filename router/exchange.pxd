@@ -6,6 +6,7 @@ from router cimport _fastpath, _wire
 from router._wire cimport monotonic
 from router.context cimport ProxyContext
 from router.metrics cimport ModelStats
+from router.tenants cimport TenantState, tokens_asked, usage_of
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
 
 
@@ -52,13 +53,13 @@ cdef class Exchange(ResponseListener):
     cdef public double deadline
     cdef public bint first_chunk_seen
     cdef public str last_failure
-    cdef public object tenant
+    cdef public TenantState tenant
     cdef public double reserved
     cdef public bytes tail
     cdef public Py_ssize_t events
     cdef public double queued_at
 
-    cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key, object tenant=*, double reserved=*) except *
+    cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key, TenantState tenant=*, double reserved=*) except *
     @cython.locals(allowed=long, to=long)
     cpdef void _move(self, object stage) except *
     cpdef void start(self)

@@ -5,6 +5,7 @@ cimport cython
 from router cimport _wire, affinity, target
 from router.context cimport ProxyContext
 from router.exchange cimport ClientSide, Exchange
+from router.tenants cimport TenantState, tokens_asked
 
 
 cdef class ClientConnection(ClientSide):
@@ -15,7 +16,7 @@ cdef class ClientConnection(ClientSide):
 
     @cython.locals(completed=int)
     cpdef void data_received(self, bytes data) except *
-    @cython.locals(request=_wire.Request, exchange=Exchange, reserved=double, now=double, refused=int)
+    @cython.locals(request=_wire.Request, exchange=Exchange, tenant=TenantState, reserved=double, now=double, refused=int)
     cpdef void next_request(self) except *
     cpdef void respond(self, int status, bytes body, bytes request_id=*, bytes extra=*, bytes content_type=*) except *
     cpdef void request_done(self, double now) except *

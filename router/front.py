@@ -124,13 +124,12 @@ class ClientConnection(ClientSide):
         if path.startswith(b"/v1/"):
             tenant = None
             if ctx.keys_required:
-                found = ctx.tenants.find(request.authorization)
-                if found is None:
+                tenant = ctx.tenants.find(request.authorization)
+                if tenant is None:
                     self.respond_error(
                         401, "invalid or missing API key", request_id, code="invalid_api_key"
                     )
                     return
-                tenant = found[0]
             if method == b"GET" and path.startswith(b"/v1/models"):
                 self.list_models(path, request_id, tenant)
                 return

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from router.tenants import WAIT_BUCKETS
 
-TOKEN_KINDS = ((3, "prompt"), (4, "completion"))
-
 
 def tenant_lines(tenants: dict) -> bytes:
     if not tenants:
@@ -21,18 +19,21 @@ def tenant_lines(tenants: dict) -> bytes:
         in_flight.append(
             f'gpurouter_tenant_in_flight_requests{{tenant="{name}"}} {tenant.in_flight}'
         )
-        for (model, code), count in sorted(tenant.codes.items()):
-            requests.append(
-                f'gpurouter_tenant_requests_total{{tenant="{name}",model="{model}",'
-                f'code="{code}"}} {count}'
-            )
         for model, row in sorted(tenant.usage.items()):
             labels = f'tenant="{name}",model="{model}"'
-            for index, kind in TOKEN_KINDS:
-                tokens.append(
-                    f'gpurouter_tenant_tokens_total{{{labels},kind="{kind}"}} {int(row[index])}'
+            for code, count in sorted(row.by_code().items()):
+                requests.append(
+                    f'gpurouter_tenant_requests_total{{{labels},code="{code}"}} {count}'
                 )
-            limited.append(f"gpurouter_tenant_rate_limited_total{{{labels}}} {int(row[2])}")
+            for kind, value in (
+                ("prompt", row.prompt_tokens),
+                ("completion", row.completion_tokens),
+            ):
+                series = f'gpurouter_tenant_tokens_total{{{labels},kind="{kind}"}}'
+                tokens.append(f"{series} {int(value)}")
+            limited.append(
+                f"gpurouter_tenant_rate_limited_total{{{labels}}} {int(row.rate_limited)}"
+            )
         for model, counts in sorted(tenant.waits.items()):
             labels = f'tenant="{name}",model="{model}"'
             total = 0

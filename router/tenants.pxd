@@ -1,5 +1,9 @@
 # Types of router/tenants.py when compiled (Cython's pure Python mode): the .py is the code.
 
+cimport cython
+
+from router._wire cimport ratelimit_lines
+
 
 cdef class Bucket:
     cdef public double per_minute
@@ -8,6 +12,17 @@ cdef class Bucket:
 
     cpdef void fill(self, double per_minute, double now) except *
     cpdef double wait_for(self, double need) except -1
+
+
+cdef class UsageRow:
+    cdef public double requests
+    cdef public double errors
+    cdef public double rate_limited
+    cdef public double prompt_tokens
+    cdef public double completion_tokens
+    cdef public double queue_wait_s
+    cdef public long ok
+    cdef public dict codes
 
 
 cdef class TenantState:
@@ -29,21 +44,35 @@ cdef class TenantState:
     cdef public double demand_requests
     cdef public double demand_tokens
     cdef public dict usage
-    cdef public dict codes
     cdef public dict waits
     cdef public double created
+    cdef public bytes requests_prefix
+    cdef public bytes tokens_prefix
 
     cpdef bint may_call(self, str model) except -1
     cpdef int admit(self, double now, double tokens, bint leased) except -1
+    cpdef double retry_after(self, int refused) except -1
     cpdef void settle(self, double reserved, double used) except *
+    @cython.locals(row=UsageRow)
+    cpdef void count(self, str model, int status, long prompt, long completion, bint refused, double waited) except *
+    cpdef bytes limit_headers(self)
 
 
 cdef class TenantBook:
     cdef public dict by_digest
     cdef public dict tenants
-    cdef public dict keys_used
+    cdef public set keys_used
     cdef public double share_lease_s
     cdef public double lease_until
     cdef public dict file_keys
+    cdef public dict known
 
-    cpdef object find(self, object authorization)
+    cpdef TenantState find(self, object authorization)
+
+
+cpdef long tokens_asked(bytes body, long default_max_tokens) except -1
+cpdef tuple usage_of(bytes tail)
+@cython.locals(at=Py_ssize_t, end=Py_ssize_t, value=cython.longlong, digits=int)
+cpdef long long number_after(bytes data, bytes name) except -2
+@cython.locals(level=double, reset_ms=Py_ssize_t)
+cdef bytes _header_set(bytes prefix, bytes reset_name, Bucket bucket)

@@ -20,17 +20,20 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import math
-import re
 import time
 
+from router.wire import ratelimit_lines
+
 KEYS_FILE_TENANT = "api-keys-file"  # --api-keys-file's keys: a tenant with no limits
+MAX_KNOWN = 100_000  # headers remembered (each a valid key)
 MAX_AUTHORIZATION = 1024  # longer is no key of ours: refused before it is hashed
 BYTES_PER_TOKEN = 4  # a prompt's estimate: its bytes over this (English, JSON around it)
 MODELS_REMEMBERED = 4096  # per tenant: may_call's answers kept (models are few)
 USAGE_WIDTH = 6  # requests, errors, rate_limited, prompt_tokens, completion_tokens, queue_wait_s
-MAX_TOKENS = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*(\d{1,9})')
-PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})')
-COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,12})')
+RESET_REQUESTS = b"\r\nx-ratelimit-reset-requests: "
+RESET_TOKENS = b"\r\nx-ratelimit-reset-tokens: "
+COLON = 58
+MAX_DIGITS = 12
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
 # Why a request was refused, as admit() returns it (0: admitted).
 ADMITTED, OVER_REQUESTS, OVER_TOKENS, OVER_IN_FLIGHT = 0, 1, 2, 3
@@ -38,19 +41,48 @@ ADMITTED, OVER_REQUESTS, OVER_TOKENS, OVER_IN_FLIGHT = 0, 1, 2, 3
 
 def tokens_asked(body: bytes, default_max_tokens: int) -> int:
     """A request's estimate: its prompt (the body's bytes / 4) plus what it may generate."""
-    found = MAX_TOKENS.search(body)
-    wanted = int(found.group(1)) if found is not None else default_max_tokens
+    wanted = number_after(body, b'"max_tokens"')
+    if wanted < 0:
+        wanted = number_after(body, b'"max_completion_tokens"')
+    if wanted < 0:
+        wanted = default_max_tokens
     return len(body) // BYTES_PER_TOKEN + wanted
 
 
-def usage_of(tail: bytes) -> tuple[int, int]:
+def usage_of(tail: bytes) -> tuple:
     """(prompt, completion) tokens from the engine's `usage` at an answer's end; -1 each
     where it gave none."""
-    prompt = PROMPT_TOKENS.search(tail)
-    completion = COMPLETION_TOKENS.search(tail)
-    if prompt is None or completion is None:
+    prompt = number_after(tail, b'"prompt_tokens"')
+    completion = number_after(tail, b'"completion_tokens"')
+    if prompt < 0 or completion < 0:
         return -1, -1
-    return int(prompt.group(1)), int(completion.group(1))
+    return prompt, completion
+
+
+def number_after(data: bytes, name: bytes) -> int:
+    """The whole number after the last `name:` in `data` (JSON), or -1. A find, not a
+    regular expression: it runs on every answer of a tenant."""
+    at = data.rfind(name)
+    if at < 0:
+        return -1
+    at += len(name)
+    end = len(data)
+    while at < end and (data[at] == 32 or data[at] == 9 or data[at] == 10 or data[at] == 13):
+        at += 1
+    if at >= end or data[at] != COLON:
+        return -1
+    at += 1
+    while at < end and (data[at] == 32 or data[at] == 9 or data[at] == 10 or data[at] == 13):
+        at += 1
+    value = 0
+    digits = 0
+    while at < end and 48 <= data[at] <= 57 and digits < MAX_DIGITS:
+        value = value * 10 + (data[at] - 48)
+        digits += 1
+        at += 1
+    if digits == 0 or (at < end and 48 <= data[at] <= 57):
+        return -1  # none, or too long to be a count of tokens
+    return value
 
 
 class Bucket:
@@ -79,6 +111,33 @@ class Bucket:
         return max(0.001, (need - self.level) * 60.0 / self.per_minute)
 
 
+class UsageRow:
+    """One tenant's answers for one model, counted since the router started."""
+
+    def __init__(self) -> None:
+        self.requests = self.errors = self.rate_limited = 0.0
+        self.prompt_tokens = self.completion_tokens = self.queue_wait_s = 0.0
+        self.ok = 0  # answers 200: the common code, counted apart from the dict of others
+        self.codes: dict = {}  # status -> answers
+
+    def as_list(self) -> list:
+        """In the order of a report (USAGE_WIDTH)."""
+        return [
+            self.requests,
+            self.errors,
+            self.rate_limited,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.queue_wait_s,
+        ]
+
+    def by_code(self) -> dict:
+        codes = dict(self.codes)
+        if self.ok:
+            codes[200] = self.ok
+        return codes
+
+
 class TenantState:
     """One tenant as this router holds it: rules, shares, buckets and counters."""
 
@@ -94,6 +153,7 @@ class TenantState:
         self.priority = 0
         self.default_max_tokens = 256
         self.limited = False
+        self.requests_prefix = self.tokens_prefix = b""  # of their x-ratelimit-* lines
         self.share = (0.0, 0.0, 0.0)  # this router's (requests, tokens, in flight)
         self.floor = (0.0, 0.0, 0.0)
         self.requests = None  # Buckets, made full at the first share
@@ -102,8 +162,7 @@ class TenantState:
         self.in_flight = 0
         self.demand_requests = 0.0  # asked of this router since it started, admitted or not
         self.demand_tokens = 0.0
-        self.usage: dict = {}  # model -> [USAGE_WIDTH counters]
-        self.codes: dict = {}  # (model, status) -> answers
+        self.usage: dict = {}  # model -> UsageRow
         self.waits: dict = {}  # model -> [count per WAIT_BUCKETS bucket, +Inf, sum]
 
     def configure(self, rules: dict, share, floor_share: float, routers: int) -> None:
@@ -118,6 +177,8 @@ class TenantState:
         self.limited = bool(
             self.requests_per_minute or self.tokens_per_minute or self.max_in_flight
         )
+        self.requests_prefix = _header_prefix(b"requests", self.requests_per_minute)
+        self.tokens_prefix = _header_prefix(b"tokens", self.tokens_per_minute)
         limits = (self.requests_per_minute, self.tokens_per_minute, float(self.max_in_flight))
         floor = []
         for limit in limits:
@@ -189,18 +250,20 @@ class TenantState:
     ) -> None:
         row = self.usage.get(model)
         if row is None:
-            row = self.usage[model] = [0.0] * USAGE_WIDTH
-        row[0] += 1
+            row = self.usage[model] = UsageRow()
+        row.requests += 1
         if status >= 400:
-            row[1] += 1
+            row.errors += 1
         if refused:
-            row[2] += 1
-        row[3] += prompt
-        row[4] += completion
-        row[5] += waited
-        code = (model, status)
-        self.codes[code] = self.codes.get(code, 0) + 1
+            row.rate_limited += 1
+        row.prompt_tokens += prompt
+        row.completion_tokens += completion
+        if status == 200:
+            row.ok += 1
+        else:
+            row.codes[status] = row.codes.get(status, 0) + 1
         if waited > 0:
+            row.queue_wait_s += waited
             self.observe_wait(model, waited)
 
     def observe_wait(self, model: str, waited: float) -> None:
@@ -215,46 +278,36 @@ class TenantState:
 
     def limit_headers(self) -> bytes:
         """OpenAI's x-ratelimit-* lines for this router's buckets (after the last admit)."""
-        lines = []
-        if self.requests_per_minute:
-            lines.append(_header_set(b"requests", self.requests_per_minute, self.requests))
-        if self.tokens_per_minute:
-            lines.append(_header_set(b"tokens", self.tokens_per_minute, self.tokens))
-        return b"".join(lines)
+        if not self.tokens_per_minute:
+            if not self.requests_per_minute:
+                return b""
+            return _header_set(self.requests_prefix, RESET_REQUESTS, self.requests)
+        if not self.requests_per_minute:
+            return _header_set(self.tokens_prefix, RESET_TOKENS, self.tokens)
+        return _header_set(self.requests_prefix, RESET_REQUESTS, self.requests) + _header_set(
+            self.tokens_prefix, RESET_TOKENS, self.tokens
+        )
 
     def report(self) -> dict:
         return {
             "demand": [self.demand_requests, self.demand_tokens],
-            "usage": {model: list(row) for model, row in self.usage.items()},
+            "usage": {model: row.as_list() for model, row in self.usage.items()},
         }
 
 
-def _header_set(kind: bytes, limit: float, bucket: Bucket) -> bytes:
-    remaining = max(0, int(bucket.level))
-    reset = 0.0 if bucket.per_minute <= 0 else bucket.wait_for(bucket.per_minute)
-    if bucket.level >= bucket.per_minute:
-        reset = 0.0
-    return (
-        b"x-ratelimit-limit-%s: %d\r\nx-ratelimit-remaining-%s: %d\r\nx-ratelimit-reset-%s: %s\r\n"
-        % (
-            kind,
-            int(limit),
-            kind,
-            remaining,
-            kind,
-            _duration(reset),
-        )
-    )
+def _header_prefix(kind: bytes, limit: float) -> bytes:
+    return b"x-ratelimit-limit-%s: %d\r\nx-ratelimit-remaining-%s: " % (kind, int(limit), kind)
 
 
-def _duration(seconds: float) -> bytes:
-    """OpenAI's form: 250ms, 1s, 6m0s."""
-    if seconds < 1.0:
-        return b"%dms" % int(seconds * 1000)
-    whole = int(round(seconds))
-    if whole < 60:
-        return b"%ds" % whole
-    return b"%dm%ds" % (whole // 60, whole % 60)
+def _header_set(prefix: bytes, reset_name: bytes, bucket: Bucket) -> bytes:
+    """`prefix` (the limit's line and the start of the remaining's), the remaining and the
+    reset lines, written in one allocation (router.wire.ratelimit_lines)."""
+    level = bucket.level
+    if level >= bucket.per_minute or bucket.per_minute <= 0:
+        reset_ms = 0
+    else:
+        reset_ms = int((bucket.per_minute - level) * 60000.0 / bucket.per_minute)
+    return ratelimit_lines(prefix, int(level) if level > 0 else 0, reset_name, reset_ms)
 
 
 class TenantBook:
@@ -263,26 +316,35 @@ class TenantBook:
     def __init__(self) -> None:
         self.by_digest: dict = {}  # SHA-256 of a key -> (TenantState, key id)
         self.tenants: dict = {}  # name -> TenantState
-        self.keys_used: dict = {}  # key id -> wall time last used
+        self.keys_used: set = set()  # ids of the keys used since the last report
         self.share_lease_s = 15.0
         self.lease_until = 0.0  # monotonic: the shares hold until then
         self.file_keys: dict = {}  # --api-keys-file's digests -> (tenant, "")
+        # Authorization headers already found -> (tenant, key id), until the next table: a
+        # client's next request costs a lookup, not a hash. Only keys that exist are kept.
+        self.known: dict = {}
 
     def enabled(self) -> bool:
         """Whether a request needs a key: once any tenant is applied (even one with no key
         left), or --api-keys-file was given."""
         return bool(self.tenants)
 
-    def find(self, authorization):
-        """(tenant, key id) of a request's `Authorization: Bearer KEY`, or None."""
-        if authorization is None or len(authorization) > MAX_AUTHORIZATION:
-            return None
-        if not authorization.startswith(b"Bearer "):
-            return None
-        found = self.by_digest.get(hashlib.sha256(authorization[7:].strip()).digest())
-        if found is not None and found[1]:
-            self.keys_used[found[1]] = time.time()
-        return found
+    def find(self, authorization) -> TenantState:
+        """The tenant of a request's `Authorization: Bearer KEY`, or None."""
+        found = self.known.get(authorization)
+        if found is None:
+            if authorization is None or len(authorization) > MAX_AUTHORIZATION:
+                return None
+            if not authorization.startswith(b"Bearer "):
+                return None
+            found = self.by_digest.get(hashlib.sha256(authorization[7:].strip()).digest())
+            if found is None:
+                return None
+            if len(self.known) < MAX_KNOWN:
+                self.known[authorization] = found
+        if found[1]:
+            self.keys_used.add(found[1])
+        return found[0]
 
     def use_keys_file(self, keys, now: float) -> None:
         tenant = TenantState(KEYS_FILE_TENANT, now)
@@ -290,6 +352,7 @@ class TenantBook:
         self.file_keys = {hashlib.sha256(key).digest(): (tenant, "") for key in keys}
         self.tenants[KEYS_FILE_TENANT] = tenant
         self.by_digest = {**self.by_digest, **self.file_keys}
+        self.known = {}
 
     def heard(self, now: float) -> None:
         """The control plane answered: the shares it gave hold for another lease."""
@@ -316,11 +379,15 @@ class TenantBook:
                 by_digest[bytes.fromhex(hex_digest)] = (tenant, key_id)
         self.tenants = tenants
         self.by_digest = by_digest
+        self.known = {}
         self.heard(now)
 
     def report(self) -> dict:
         return {name: tenant.report() for name, tenant in self.tenants.items()}
 
     def take_keys_used(self) -> dict:
-        used, self.keys_used = self.keys_used, {}
-        return used
+        """{key id: now} for the keys used since the last call (last use, to a report's
+        period: a wall clock read per request would cost more than the key's hash)."""
+        now = time.time()
+        used, self.keys_used = self.keys_used, set()
+        return dict.fromkeys(used, now)

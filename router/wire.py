@@ -11,6 +11,7 @@ Request = _impl.Request
 RequestReader = _impl.RequestReader
 ResponseReader = _impl.ResponseReader
 numbered = _impl.numbered
+ratelimit_lines = _impl.ratelimit_lines
 monotonic = _impl.monotonic
 USING_EXTENSION = _impl is not wire_py
 
@@ -21,4 +22,5 @@ __all__ = [
     "USING_EXTENSION",
     "monotonic",
     "numbered",
+    "ratelimit_lines",
 ]

@@ -283,3 +283,13 @@ def numbered(prefix: bytes, number: int) -> bytes:
     if number < 0:
         raise ValueError("numbered takes a number that is not negative")
     return prefix + str(number).encode()
+
+
+def ratelimit_lines(prefix: bytes, remaining: int, reset_name: bytes, reset_ms: int) -> bytes:
+    """`prefix`, `remaining`, `reset_name`, the reset as OpenAI writes it, CRLF (`_wire`'s)."""
+    if reset_ms < 1000:
+        reset = b"%dms" % max(0, reset_ms)
+    else:
+        seconds = (reset_ms + 999) // 1000
+        reset = b"%dm%ds" % divmod(seconds, 60) if seconds >= 60 else b"%ds" % seconds
+    return prefix + str(max(0, remaining)).encode() + reset_name + reset + b"\r\n"

@@ -89,8 +89,9 @@ def test_the_book_finds_a_key_by_its_digest_and_refuses_the_rest():
         "r1",
         0.0,
     )
-    assert book.find(b"Bearer secret")[0].name == "a"
-    assert book.find(b"Bearer secret ")[0].name == "a"
+    assert book.find(b"Bearer secret").name == "a"
+    assert book.find(b"Bearer secret ").name == "a"
+    assert book.take_keys_used().keys() == {"key-1"} and not book.take_keys_used()
     for bad in (None, b"", b"secret", b"Bearer other", b"Bearer " + b"s" * 20_000):
         assert book.find(bad) is None
     kept = book.tenants["a"]

@@ -1,0 +1,288 @@
+"""Tenants held to their limits and shares across three routers, with real processes.
+
+A `gpuctl server` (its defaults), three gpurouter processes following it (their defaults, but
+`--max-in-flight 2`: a router shares out a model's slots only where it knows their number), and
+sim engines that run a bounded number of sequences at once. The bench plays the node agent
+(it registers a node and heartbeats replicas Ready at the engines' URLs). Two models:
+
+    chat   4 replicas, room to spare: where time to first token is measured
+    busy   1 replica, 6 sequences at once: the one that is saturated
+
+and three tenants, each with its own key, sent through the routers' HTTP like any client:
+
+    A   weight 1
+    B   weight 3
+    C   requests_per_minute 600, sending ten times that, 80% of it through one router
+
+The phases, one after the other on the same processes:
+1. A and B stream from `chat` at 15 requests/s each, spread over the routers: p99 TTFT alone.
+2. The same with C's flood on `chat`: A's and B's p99 TTFT with C present, and C's admitted
+   rate over the routers together, measured after the shares settled (`--warmup`).
+3. A and B each keep 6 requests per router on `busy`: completions A:B.
+
+    python -m bench.tenants [--seconds 10] [--warmup 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from tests.harness import Processes, call, control_plane, wait_until
+
+ROUTERS = 3
+ROUTER_FLAGS = ("--max-in-flight", "2")
+CHAT_REPLICAS, BUSY_REPLICAS = 4, 1
+CHAT_ENGINE = {"max_num_seqs": 8, "ttft": 0.02, "tokens_per_s": 400, "output_tokens": 8}
+BUSY_ENGINE = {"max_num_seqs": 6, "ttft": 0.05, "tokens_per_s": 200, "output_tokens": 8}
+C_LIMIT = 600  # requests per minute
+C_RATE = 100.0  # requests per second: ten times its limit
+C_SPLIT = (0.8, 0.1, 0.1)  # of C's requests, through each router
+AB_RATE = 15.0  # requests per second each, in phases 1 and 2
+WAITING_PER_ROUTER = 6  # phase 3: requests each of A and B keeps at each router
+TENANTS = {
+    "a": {"name": "a", "weight": 1},
+    "b": {"name": "b", "weight": 3},
+    "c": {"name": "c", "requests_per_minute": C_LIMIT},
+}
+
+
+@dataclass
+class Setup:
+    procs: Processes
+    server: str
+    routers: list[str]
+    keys: dict[str, str]
+    ready: dict = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def start(procs: Processes, folder) -> Setup:
+    server, _ = control_plane(procs, folder / "state.sqlite")
+    node = {
+        "name": "n1",
+        "address": "127.0.0.1",
+        "fabric": "ib-a",
+        "gpus": [
+            {"index": i, "uuid": f"GPU-n1-{i}", "gpu_class": "H100-80GB", "memory_mb": 81559}
+            for i in range(8)
+        ],
+    }
+    call("POST", server + "/v1/nodes", node)
+    command = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
+    for name, replicas in (("chat", CHAT_REPLICAS), ("busy", BUSY_REPLICAS)):
+        spec = {"name": name, "gpu_class": "H100-80GB", "command": command}
+        call("POST", server + "/v1/models", {**spec, "replicas": replicas})
+
+    def assignments():
+        return call("POST", server + "/v1/nodes/n1/heartbeat", {})[1]["assignments"]
+
+    wait_until(lambda: len(assignments()) == CHAT_REPLICAS + BUSY_REPLICAS, what="placement")
+    ready = {}
+    for assigned in assignments():
+        flags = CHAT_ENGINE if assigned["model"] == "chat" else BUSY_ENGINE
+        url = procs.engine(assigned["model"], **flags)
+        ready[assigned["replica"]] = {"state": "Ready", "url": url}
+    keys = {}
+    for name, body in TENANTS.items():
+        call("POST", server + "/v1/tenants", body)
+        keys[name] = call("POST", server + f"/v1/tenants/{name}/keys")[1]["key"]
+    setup = Setup(procs, server, [], keys, ready)
+    threading.Thread(target=heartbeats, args=(setup,), daemon=True).start()
+    for index in range(ROUTERS):
+        url, _ = procs.router("--control-plane", server, "--router-id", f"r{index}", *ROUTER_FLAGS)
+        setup.routers.append(url)
+    for url in setup.routers:
+        wait_until(lambda u=url: _serves(u, keys["a"]), what="the routes and keys")
+    return setup
+
+
+def heartbeats(setup: Setup) -> None:
+    """The node agent's part: the replicas are Ready, every 2 s (the agent's default)."""
+    while not setup.stop.is_set():
+        call("POST", setup.server + "/v1/nodes/n1/heartbeat", {"replicas": setup.ready})
+        setup.stop.wait(2.0)
+
+
+def _serves(router: str, key: str) -> bool:
+    body = json.dumps({"model": "chat", "messages": [], "max_tokens": 1}).encode()
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        router + "/v1/chat/completions",
+        data=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Tally:
+    ttft: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (at, seconds)
+    answers: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # (at, status)
+
+    def in_window(self, tenant: str, began: float, ended: float, status: int = 200) -> int:
+        return sum(
+            1 for at, code in self.answers.get(tenant, ()) if began <= at < ended and code == status
+        )
+
+    def ttft_in(self, tenants, began: float, ended: float) -> list[float]:
+        return [s for t in tenants for at, s in self.ttft.get(t, ()) if began <= at < ended]
+
+
+async def send(http, router, key, tenant, model, stream, tally: Tally) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    if stream:
+        body["stream"] = True
+    headers = {"Authorization": f"Bearer {key}"}
+    began = time.monotonic()
+    status = 0
+    try:
+        async with http.post(router + "/v1/chat/completions", json=body, headers=headers) as resp:
+            status = resp.status
+            if stream and status == 200:
+                async for line in resp.content:
+                    if line.startswith(b"data: {"):
+                        now = time.monotonic()
+                        tally.ttft.setdefault(tenant, []).append((now, now - began))
+                        break
+            await resp.read()
+    except (TimeoutError, aiohttp.ClientError):
+        status = -1
+    tally.answers.setdefault(tenant, []).append((time.monotonic(), status))
+
+
+async def open_loop(http, routers, weights, key, tenant, model, stream, rate, until, tally):
+    """`rate` requests a second until `until`, each to a router drawn by `weights` in turn."""
+    sent, order = [], []
+    for index, weight in enumerate(weights):
+        order += [index] * round(weight * 10)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    count = 0
+    while time.monotonic() < until:
+        router = routers[order[count % len(order)]]
+        sent.append(asyncio.create_task(send(http, router, key, tenant, model, stream, tally)))
+        count += 1
+        delay = start + count / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    await asyncio.gather(*sent)
+
+
+async def closed_loop(http, router, key, tenant, model, until, tally) -> None:
+    while time.monotonic() < until:
+        await send(http, router, key, tenant, model, False, tally)
+
+
+async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
+    routers, keys = setup.routers, setup.keys
+    even = (1.0, 1.0, 1.0)
+    tally = Tally()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(60)
+    ) as http:
+        # 1: A and B alone
+        began = time.monotonic()
+        until = began + seconds
+        await asyncio.gather(
+            *(
+                open_loop(http, routers, even, keys[t], t, "chat", True, AB_RATE, until, tally)
+                for t in ("a", "b")
+            )
+        )
+        alone = tally.ttft_in(("a", "b"), began, until)
+        # 2: with C's flood
+        began = time.monotonic()
+        settled = began + warmup
+        until = settled + seconds
+        await asyncio.gather(
+            open_loop(http, routers, C_SPLIT, keys["c"], "c", "chat", False, C_RATE, until, tally),
+            *(
+                open_loop(http, routers, even, keys[t], t, "chat", True, AB_RATE, until, tally)
+                for t in ("a", "b")
+            ),
+        )
+        with_c = tally.ttft_in(("a", "b"), settled, until)
+        c_admitted = tally.in_window("c", settled, until)
+        c_refused = tally.in_window("c", settled, until, 429)
+        # 3: A and B keep `busy` saturated
+        began = time.monotonic()
+        settled = began + 2.0
+        until = settled + seconds
+        await asyncio.gather(
+            *(
+                closed_loop(http, router, keys[t], t, "busy", until, tally)
+                for t in ("a", "b")
+                for router in routers
+                for _ in range(WAITING_PER_ROUTER)
+            )
+        )
+        completed = {t: tally.in_window(t, settled, until) for t in ("a", "b")}
+    lost = sum(
+        1 for answers in tally.answers.values() for _, status in answers if status not in (200, 429)
+    )
+    return {
+        "seconds": seconds,
+        "c_limit_per_min": C_LIMIT,
+        "c_admitted_per_min": round(c_admitted * 60.0 / seconds, 1),
+        "c_refused_per_min": round(c_refused * 60.0 / seconds, 1),
+        "completed_a": completed["a"],
+        "completed_b": completed["b"],
+        "b_over_a": round(completed["b"] / max(1, completed["a"]), 3),
+        "ttft_p99_alone_ms": round(quantile(alone, 0.99) * 1000, 1),
+        "ttft_p99_with_c_ms": round(quantile(with_c, 0.99) * 1000, 1),
+        "ttft_samples": [len(alone), len(with_c)],
+        "lost": lost,
+    }
+
+
+def measure(folder, seconds: float = 10.0, warmup: float = 10.0) -> dict:
+    procs = Processes(folder)
+    setup = None
+    try:
+        setup = start(procs, folder)
+        result = asyncio.run(phases(setup, seconds, warmup))
+        usage = call("GET", setup.server + "/v1/usage?since=1h")[1]["items"]
+        table = call("GET", setup.server + "/v1/routes")[1]
+        shares = table["tenants"]["tenants"]["c"]["shares"]
+        result["c_shares_per_min"] = {r: round(s[0], 1) for r, s in sorted(shares.items())}
+        result["usage_rows"] = len(usage)
+        return result
+    finally:
+        if setup is not None:
+            setup.stop.set()
+        procs.stop_all()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="each phase's window")
+    parser.add_argument("--warmup", type=float, default=10.0, help="phase 2, before measuring")
+    args = parser.parse_args()
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="gpufleet-tenants-") as folder:
+        print(json.dumps(measure(Path(folder), args.seconds, args.warmup), indent=2))
+
+
+if __name__ == "__main__":
+    main()
