@@ -1,0 +1,42 @@
+"""Tenants across three routers, gated on the goals as written (bench/tenants.py, one short run):
+
+- C, sending ten times its 600 requests/min, is admitted within 5% of its limit, summed over the
+  three routers;
+- with `busy` saturated, A (weight 1) and B (weight 3) complete within 10% of 1:3;
+- A's and B's p99 time to first token with C's flood is at most 1.2x their p99 without it;
+- nothing is lost (every answer a 200 or a 429).
+"""
+
+import pytest
+
+from bench.figures import record
+from bench.tenants import measure
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    found = measure(tmp_path_factory.mktemp("tenants"), seconds=10.0, warmup=10.0)
+    record(
+        f"tenants (3 routers): C admitted {found['c_admitted_per_min']:.0f}/min of"
+        f" {found['c_limit_per_min']}; B:A {found['b_over_a']:.2f} (goal 3);"
+        f" p99 TTFT {found['ttft_p99_alone_ms']:.1f} ms alone,"
+        f" {found['ttft_p99_with_c_ms']:.1f} ms with C"
+    )
+    return found
+
+
+def test_a_tenants_limit_holds_across_the_routers(result):
+    limit = result["c_limit_per_min"]
+    assert abs(result["c_admitted_per_min"] - limit) <= 0.05 * limit, result
+
+
+def test_weights_share_a_saturated_model(result):
+    assert abs(result["b_over_a"] / 3.0 - 1.0) <= 0.10, result
+
+
+def test_a_flooding_tenant_leaves_the_others_time_to_first_token(result):
+    assert result["ttft_p99_with_c_ms"] <= 1.2 * result["ttft_p99_alone_ms"], result
+
+
+def test_nothing_is_lost(result):
+    assert result["lost"] == 0, result
