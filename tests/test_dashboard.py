@@ -10,6 +10,8 @@ from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slic
 from controlplane.summary import model_rows, summary
 from router import fastpath_py
 from router.metrics import RouterMetrics, merge, render
+from router.tenantmetrics import tenant_lines
+from router.tenants import TenantState
 
 DASHBOARD = Path(__file__).parent.parent / "docs" / "grafana-dashboard.json"
 METRIC = re.compile(r"\b(?:gpufleet|gpurouter)_[a-z_]+")
@@ -32,6 +34,10 @@ def exported_names() -> set[str]:
     table = fastpath_py.EndpointTable()
     table.update({"m": [("r1", "http://127.0.0.1:1")]})
     text += render(merge([metrics.state()]), table, []).decode()
+    tenant = TenantState("t", 0.0)
+    tenant.configure({"requests_per_minute": 60}, None, 0.02, 1)
+    tenant.count("m", 200, 1, 1, False, 0.5)
+    text += tenant_lines({"t": tenant}).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
 
 
