@@ -2,12 +2,14 @@
 
     python bench/compare_routers.py [--seconds 10] [--connections 64] [--workers 1]
         [--mode json|sse|streams] [--tokens 64] [--streams 10000] [--rounds 1]
-        [--with-relay] [--tenant] [--vllm-router PATH] [--sglang-router PATH]
+        [--with-relay] [--tenant [--paired --slices 40 --gate]] [--vllm-router PATH]
+        [--sglang-router PATH]
 
-Not part of CI. The backend is bench/fixed_upstream.py (fixed answers, fast enough not to be
-what is measured); each proxy is pinned to its `--workers` CPUs with `taskset`, the backend and
-the load generator (wrk if installed, else bench/loadgen.py) to the others. Contenders that are
-not installed are skipped. Keep-alive connections on both sides.
+Not part of CI, but for `--tenant --paired --gate` (bench/test_tenants_gate.py). The backend
+is bench/fixed_upstream.py (fixed answers, fast enough not to be what is measured); each proxy
+is pinned to its `--workers` CPUs with `taskset`, the backend and the load generator (wrk if
+installed, else bench/loadgen.py) to the others. Contenders that are not installed are skipped.
+Keep-alive connections on both sides.
 
 - json: a tiny JSON answer per request; req/s per core of the proxy. Each row also splits the
   proxy's CPU per answer into user and system time: what the proxy's own code costs, apart
@@ -19,6 +21,11 @@ not installed are skipped. Keep-alive connections on both sides.
 `--rounds N` (json, sse) runs every contender N times in turn and shows each one's median
 round, then gpurouter's rate per core over nginx's round by round: on a shared machine one
 round's ratio can move by a tenth with what else runs.
+
+`--tenant --paired [--rounds N] [--slices K] [--gate]` measures what a tenant's key and limits
+cost: gpurouter with and without them run at once on the proxy's CPU and the load takes turns
+between them in K short slices, each router's CPU read around every slice, N rounds of fresh
+processes; `--gate` exits 1 unless the rate per core with the tenant is at least 0.95x.
 """
 
 from __future__ import annotations
@@ -352,7 +359,10 @@ def main() -> int:
         help="also a uvloop TCP relay that parses nothing: the ceiling of Python protocols",
     )
     parser.add_argument(
-        "--rounds", type=int, default=1, help="json, sse: run the contenders this many times"
+        "--rounds",
+        type=int,
+        default=1,
+        help="json, sse: run the contenders this many times; --paired: rounds of fresh pairs",
     )
     parser.add_argument(
         "--load",
@@ -366,14 +376,26 @@ def main() -> int:
         help="also gpurouter with a tenant's key and every limit on (--tenants-file); the"
         " key goes with every contender's requests",
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="with --tenant: gpurouter with and without the tenant at once on the proxy's"
+        " CPUs, the load taking turns between them in short slices (bench.alternating_load);"
+        " --gate: exit 1 unless the rate per core with the tenant is at least"
+        f" {TENANT_RATIO}x the rate without",
+    )
+    parser.add_argument("--slices", type=int, default=40, help="--paired: turns in all")
     parser.add_argument("--vllm-router")
     parser.add_argument("--sglang-router")
     parser.add_argument(
         "--gate",
         action="store_true",
-        help="exit 1 unless gpurouter's p99 and p99 longest gap are within 1.2x nginx's (sse)",
+        help="exit 1 unless gpurouter's p99 and p99 longest gap are within 1.2x nginx's (sse);"
+        " with --paired, as --paired says",
     )
     args = parser.parse_args()
+    if args.paired and (not args.tenant or args.mode != "json"):
+        parser.error("--paired compares gpurouter with and without --tenant, in json mode")
     args.load = args.load or ("loadgen" if args.mode == "sse" else "wrk")
     import resource
 
@@ -395,6 +417,12 @@ def main() -> int:
     backend = start(pinned(other_cpus, backend_argv), work / "backend.log", cwd=ROOT)
     backend_url = f"http://127.0.0.1:{backend_port}"
     rows = []
+    if args.paired:
+        try:
+            wait_port(backend_port)
+            return paired(backend_url, work, args, proxy_cpus, other_cpus)
+        finally:
+            stop(backend)
     try:
         wait_port(backend_port)
         if args.mode != "streams":
@@ -421,6 +449,81 @@ def main() -> int:
 
 
 TAIL_RATIO = 1.2
+TENANT_RATIO = 0.95  # the rate per core with a tenant's limits on, over the rate without
+
+
+def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str) -> int:
+    """gpurouter without and with a tenant (its key sent to both), both running on the
+    proxy's CPUs, the load taking turns between them (bench.alternating_load). Each round
+    starts both afresh, the first started and served first alternating round by round: a
+    process's own luck (where its memory landed) and its place in the turns weigh on both
+    alike over the rounds. The rate per core is all answers over all of the router's CPU."""
+    argvs = contenders(backend_url, work, args)
+    names = ["gpurouter", "gpurouter+tenant"]
+    rounds = []
+    for number in range(args.rounds):
+        order = names if number % 2 == 0 else names[::-1]
+        procs, urls = [], []
+        try:
+            for name in order:
+                port = free_port()
+                procs.append(start(pinned(proxy_cpus, argvs[name](port)), work / f"{name}.log"))
+                urls.append(f"http://127.0.0.1:{port}/v1/completions")
+                wait_port(port, 60)
+            done = subprocess.run(
+                pinned(
+                    other_cpus,
+                    [sys.executable, "-m", "bench.alternating_load",
+                     *(f"{url}={proc.pid}" for url, proc in zip(urls, procs, strict=True)),
+                     "--slices", str(args.slices),
+                     "--slice-seconds", str(args.seconds / args.slices),
+                     "--connections", str(args.connections), "--body", BODY,
+                     "--header", f"Authorization: Bearer {BENCH_KEY}"],
+                ),
+                capture_output=True, text=True, cwd=ROOT, timeout=args.seconds * 3 + 60,
+                check=True,
+            )  # fmt: skip
+        finally:
+            for proc in procs:
+                stop(proc)
+        slices = json.loads(done.stdout)
+        rounds.append([{**s, "name": order[s["proxy"]]} for s in slices])
+    return report_rounds(rounds, names, args.gate)
+
+
+def pooled(slices: list[dict], name: str) -> tuple[int, float, int]:
+    """(answers, CPU seconds, errors) of `name`'s slices."""
+    mine = [s for s in slices if s["name"] == name]
+    return (
+        sum(s["answers"] for s in mine),
+        sum(s["cpu_ns"] for s in mine) / 1e9,
+        sum(s["errors"] for s in mine),
+    )
+
+
+def report_rounds(rounds: list[list[dict]], names: list[str], gate: bool) -> int:
+    every = [s for slices in rounds for s in slices]
+    print(f"\n{len(rounds)} round(s) of {len(rounds[0])} slices taking turns;"
+          " rate per core: answers per second of the router's CPU\n")  # fmt: skip
+    rates = {}
+    for name in names:
+        answers, cpu, errors = pooled(every, name)
+        rates[name] = answers / cpu if cpu else 0.0
+        print(f"{name:18} {answers:8d} answers {cpu:7.2f} s CPU {rates[name]:9.0f}/core"
+              f" {1e6 * cpu / max(answers, 1):7.2f} µs per answer {errors} errors")  # fmt: skip
+    by_round = []
+    for slices in rounds:
+        (a, a_cpu, _), (b, b_cpu, _) = (pooled(slices, name) for name in names)
+        by_round.append((b / b_cpu) / (a / a_cpu) if a and a_cpu and b_cpu else 0.0)
+    ratio = rates[names[1]] / rates[names[0]] if rates[names[0]] else 0.0
+    listed = " ".join(f"{r:.3f}" for r in by_round)
+    print(f"\n{names[1]} / {names[0]} per core: {ratio:.3f} (round by round: {listed})")
+    errors = sum(s["errors"] for s in every)
+    if not gate:
+        return 0
+    verdict = "ok" if ratio >= TENANT_RATIO and not errors else "FAILED"
+    print(f"gate: {ratio:.3f} (at least {TENANT_RATIO}), {errors} errors {verdict}")
+    return 0 if verdict == "ok" else 1
 
 
 def tail_gate(results: dict[str, dict]) -> int:

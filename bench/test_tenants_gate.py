@@ -4,13 +4,21 @@
   three routers;
 - with `busy` saturated, A (weight 1) and B (weight 3) complete within 10% of 1:3;
 - A's and B's p99 time to first token with C's flood is at most 1.2x their p99 without it;
-- nothing is lost (every answer a 200 or a 429).
+- nothing is lost (every answer a 200 or a 429);
+- a tenant's key and limits cost the router at most 5% of its rate per core.
 """
+
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from bench.figures import record
 from bench.tenants import measure
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +48,28 @@ def test_a_flooding_tenant_leaves_the_others_time_to_first_token(result):
 
 def test_nothing_is_lost(result):
     assert result["lost"] == 0, result
+
+
+def test_a_tenants_key_and_limits_cost_at_most_five_percent_per_core(benchmark):
+    """bench/compare_routers.py --tenant --paired: gpurouter with a tenant's key and every
+    limit on, against the same router without, both at once on one CPU with the load taking
+    turns; four rounds of fresh processes, gated on the rate per core of all of them."""
+    done = {}
+
+    def run():
+        done["run"] = subprocess.run(
+            [sys.executable, "-m", "bench.compare_routers", "--tenant", "--paired",
+             "--rounds", "4", "--seconds", "5", "--slices", "20", "--gate"],
+            capture_output=True, text=True, cwd=ROOT, timeout=300,
+        )  # fmt: skip
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    out = done["run"].stdout
+    found = re.search(r"per core: ([\d.]+) \(round by round: ([\d. ]+)\)", out)
+    assert found, out + done["run"].stderr
+    benchmark.extra_info["tenant_over_plain_per_core"] = float(found.group(1))
+    record(
+        f"tenant's key and limits, rate per core: {found.group(1)}x the same router without"
+        f" (goal 0.95; rounds {found.group(2)})"
+    )
+    assert done["run"].returncode == 0, out

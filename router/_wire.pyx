@@ -26,6 +26,23 @@ from router.forwarding import (
 )
 
 
+cdef extern from *:
+    """
+    /* The last `c` in the `size` bytes at `data`: glibc's vectorised memrchr where there is
+       one, else a plain loop. */
+    #if defined(__GLIBC__)
+    #define gf_memrchr(data, c, size) memrchr((data), (c), (size))
+    #else
+    static const void* gf_memrchr(const void* data, int c, size_t size) {
+        const unsigned char* at = (const unsigned char*)data + size;
+        while (size--) { if (*--at == (unsigned char)c) return at; }
+        return NULL;
+    }
+    #endif
+    """
+    const void* gf_memrchr(const void* data, int c, size_t size) noexcept
+
+
 cdef extern from "llhttp.h":
     ctypedef struct llhttp_t:
         void* data
@@ -116,6 +133,10 @@ cdef void buffer_reset(Buffer* buffer) noexcept:
         free(buffer.data)
         buffer.data = NULL
         buffer.capacity = 0
+
+
+cdef enum:
+    MAX_COUNT_DIGITS = 12  # more is no count of tokens
 
 
 # Header names the router looks at, lower case: whether each is dropped before the replica
@@ -387,43 +408,110 @@ cpdef bytes numbered(bytes prefix, Py_ssize_t number):
     return data
 
 
-cpdef bytes ratelimit_lines(bytes prefix, Py_ssize_t remaining, bytes reset_name, Py_ssize_t reset_ms):
-    """`prefix`, `remaining` in decimal, `reset_name`, the reset as OpenAI writes it (250ms,
-    3s, 6m0s) and CRLF, in one allocation: a limited tenant's x-ratelimit-* lines on every
-    answer cost no formatting."""
-    cdef char digits[24]
-    cdef char reset[64]
-    cdef Py_ssize_t count, reset_size, seconds
-    if prefix is None or reset_name is None:
+cpdef bytes ratelimit_lines(
+    bytes requests_prefix, Py_ssize_t requests_left, Py_ssize_t requests_reset_ms,
+    bytes tokens_prefix, Py_ssize_t tokens_left, Py_ssize_t tokens_reset_ms,
+):
+    """A limited tenant's x-ratelimit-* lines, written on the stack and made one bytes object
+    (no formatting on every answer): for each of requests and tokens whose prefix (its
+    limit's line and the start of the remaining's) is not empty, the prefix, what is left in
+    decimal, and the reset line as OpenAI writes it (250ms, 3s, 6m0s)."""
+    cdef char lines[2 * (MAX_RATELIMIT_PREFIX + 128)]
+    cdef char* at = lines
+    if requests_prefix is None or tokens_prefix is None:
         raise TypeError("ratelimit_lines takes bytes")
-    count = decimal_digits(digits, remaining if remaining > 0 else 0)
+    if (PyBytes_GET_SIZE(requests_prefix) > MAX_RATELIMIT_PREFIX
+            or PyBytes_GET_SIZE(tokens_prefix) > MAX_RATELIMIT_PREFIX):
+        raise ValueError("a ratelimit prefix is one limit's line and a name")
+    if PyBytes_GET_SIZE(requests_prefix):
+        at = put(at, requests_prefix)
+        at += decimal_digits(at, requests_left if requests_left > 0 else 0)
+        memcpy(at, b"\r\nx-ratelimit-reset-requests: ", RESET_REQUESTS_SIZE)
+        at += RESET_REQUESTS_SIZE
+        at += reset_text(at, requests_reset_ms)
+        at[0] = 13
+        at[1] = 10
+        at += 2
+    if PyBytes_GET_SIZE(tokens_prefix):
+        at = put(at, tokens_prefix)
+        at += decimal_digits(at, tokens_left if tokens_left > 0 else 0)
+        memcpy(at, b"\r\nx-ratelimit-reset-tokens: ", RESET_TOKENS_SIZE)
+        at += RESET_TOKENS_SIZE
+        at += reset_text(at, tokens_reset_ms)
+        at[0] = 13
+        at[1] = 10
+        at += 2
+    return PyBytes_FromStringAndSize(lines, at - lines)
+
+
+cdef enum:
+    RESET_REQUESTS_SIZE = 30  # len("\r\nx-ratelimit-reset-requests: ")
+    RESET_TOKENS_SIZE = 28
+    MAX_RATELIMIT_PREFIX = 160  # a limit's line and the remaining's name: some 70 bytes
+
+
+cdef inline Py_ssize_t reset_text(char* reset, Py_ssize_t reset_ms) noexcept:
+    """A reset as OpenAI writes it: 250ms under a second, else 3s or 6m0s (rounded up)."""
+    cdef Py_ssize_t size, seconds
     if reset_ms < 1000:
-        reset_size = decimal_digits(reset, reset_ms if reset_ms > 0 else 0)
-        reset[reset_size] = 109  # m
-        reset[reset_size + 1] = 115  # s
-        reset_size += 2
-    else:
-        seconds = (reset_ms + 999) // 1000
-        reset_size = 0
-        if seconds >= 60:
-            reset_size = decimal_digits(reset, seconds // 60)
-            reset[reset_size] = 109  # m
-            reset_size += 1
-            seconds %= 60
-        reset_size += decimal_digits(reset + reset_size, seconds)
-        reset[reset_size] = 115  # s
-        reset_size += 1
-    cdef Py_ssize_t size = (
-        PyBytes_GET_SIZE(prefix) + count + PyBytes_GET_SIZE(reset_name) + reset_size + 2
-    )
-    data = PyBytes_FromStringAndSize(NULL, size)
-    cdef char* at = PyBytes_AS_STRING(data)
-    at = put(at, prefix)
-    at = put_c(at, digits, count)
-    at = put(at, reset_name)
-    at = put_c(at, reset, reset_size)
-    put_c(at, b"\r\n", 2)
-    return data
+        size = decimal_digits(reset, reset_ms if reset_ms > 0 else 0)
+        reset[size] = 109  # m
+        reset[size + 1] = 115  # s
+        return size + 2
+    seconds = (reset_ms + 999) // 1000
+    size = 0
+    if seconds >= 60:
+        size = decimal_digits(reset, seconds // 60)
+        reset[size] = 109  # m
+        size += 1
+        seconds %= 60
+    size += decimal_digits(reset + size, seconds)
+    reset[size] = 115  # s
+    return size + 1
+
+
+cpdef long long number_after(bytes data, bytes name) except -2:
+    """The whole number after the last `name:` in `data` (JSON), or -1: a tenant's estimate
+    (`max_tokens`) and its engine's `usage`. Scanned from the end, where `usage` is, in C:
+    it runs on every answer of a tenant."""
+    if data is None or name is None:
+        raise TypeError("number_after takes bytes")
+    cdef const unsigned char* text = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef const unsigned char* key = <const unsigned char*>PyBytes_AS_STRING(name)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data), key_size = PyBytes_GET_SIZE(name)
+    cdef Py_ssize_t at, digits = 0, scanned = size - key_size + 2
+    cdef const unsigned char* second
+    cdef long long value = 0
+    if key_size < 2 or scanned < 2:
+        return -1
+    # By the name's second byte (its first, a quote, is every few bytes of JSON).
+    while True:
+        second = <const unsigned char*>gf_memrchr(text + 1, key[1], scanned - 1)
+        if second == NULL:
+            return -1
+        at = second - 1 - text
+        if text[at] == key[0] and memcmp(text + at, key, key_size) == 0:
+            break
+        scanned = at + 1
+    at += key_size
+    while at < size and is_json_space(text[at]):
+        at += 1
+    if at >= size or text[at] != 58:  # :
+        return -1
+    at += 1
+    while at < size and is_json_space(text[at]):
+        at += 1
+    while at < size and 48 <= text[at] <= 57 and digits < MAX_COUNT_DIGITS:
+        value = value * 10 + (text[at] - 48)
+        digits += 1
+        at += 1
+    if digits == 0 or (at < size and 48 <= text[at] <= 57):
+        return -1  # none, or too long to be a count of tokens
+    return value
+
+
+cdef inline bint is_json_space(unsigned char c) noexcept:
+    return c == 32 or c == 9 or c == 10 or c == 13
 
 
 cdef Py_ssize_t decimal_digits(char* out, Py_ssize_t value) noexcept:

@@ -3,10 +3,10 @@
 cimport cython
 
 from router cimport _fastpath, _wire
-from router._wire cimport monotonic
+from router._wire cimport monotonic, number_after
 from router.context cimport ProxyContext
 from router.metrics cimport ModelStats
-from router.tenants cimport TenantState, tokens_asked, usage_of
+from router.tenants cimport TenantState, tokens_asked
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
 
 
@@ -76,6 +76,7 @@ cdef class Exchange(ResponseListener):
     cdef void _end_broken_answer(self, str message) except *
     cpdef void _finish(self, int status, bint failed=*, tuple error=*, bytes extra=*) except *
     cdef void _broke(self, object exc)
+    @cython.locals(prompt=cython.longlong, completion=cython.longlong, waited=double)
     cdef void _settle(self, int status) except *
     cdef void _keep_tail(self, bytes data) except *
     cdef void _write(self, bytes data) except *

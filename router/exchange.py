@@ -23,9 +23,9 @@ from router.errors import error_body, sse_error_event
 from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
-from router.tenants import BYTES_PER_TOKEN, tokens_asked, usage_of
+from router.tenants import BYTES_PER_TOKEN, COMPLETION_TOKENS, PROMPT_TOKENS, tokens_asked
 from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
-from router.wire import monotonic
+from router.wire import monotonic, number_after
 
 log = logging.getLogger("gpurouter.exchange")
 
@@ -366,8 +366,11 @@ class Exchange(ResponseListener):
         what the engine used: its `usage` at the answer's end, else, for a stream, one token
         per content event sent (a cut stream: those sent), else the estimate."""
         tenant = self.tenant
-        prompt, completion = usage_of(self.tail) if self.tail else (-1, -1)
-        if prompt < 0:
+        prompt = completion = -1
+        if self.tail:
+            prompt = number_after(self.tail, PROMPT_TOKENS)
+            completion = number_after(self.tail, COMPLETION_TOKENS)
+        if prompt < 0 or completion < 0:
             if not self.tail:  # nothing came from an engine
                 prompt = completion = 0
             else:
@@ -387,7 +390,7 @@ class Exchange(ResponseListener):
         """The answer's last bytes, where `usage` is, and its count of stream events."""
         if self.sse:
             self.events += data.count(b"data: ")
-        tail = self.tail + data if len(data) < TAIL_BYTES else data
+        tail = self.tail + data if self.tail and len(data) < TAIL_BYTES else data
         self.tail = tail[-TAIL_BYTES:] if len(tail) > TAIL_BYTES else tail
 
     def _broke(self, exc: BaseException) -> None:

@@ -3,6 +3,7 @@
 cimport cython
 
 from router cimport _wire, affinity, target
+from router._wire cimport monotonic
 from router.context cimport ProxyContext
 from router.exchange cimport ClientSide, Exchange
 from router.tenants cimport TenantState, tokens_asked

@@ -23,7 +23,7 @@ from router.exchange import ClientSide, Exchange
 from router.metrics import OTHER_MODEL
 from router.target import Refusal
 from router.tenants import OVER_IN_FLIGHT, OVER_REQUESTS, OVER_TOKENS, tokens_asked
-from router.wire import RequestReader
+from router.wire import RequestReader, monotonic
 
 JSON = b"application/json"
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4"
@@ -153,7 +153,7 @@ class ClientConnection(ClientSide):
                     return
                 if tenant.tokens_per_minute:
                     reserved = tokens_asked(request.body, tenant.default_max_tokens)
-                now = ctx.clock()
+                now = monotonic()
                 refused = tenant.admit(now, reserved, now < ctx.tenants.lease_until)
                 if refused:
                     self.refuse_over_limit(tenant, refused, routed[0], request_id)

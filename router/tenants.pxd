@@ -2,7 +2,7 @@
 
 cimport cython
 
-from router._wire cimport ratelimit_lines
+from router._wire cimport number_after, ratelimit_lines
 
 
 cdef class Bucket:
@@ -48,13 +48,17 @@ cdef class TenantState:
     cdef public double created
     cdef public bytes requests_prefix
     cdef public bytes tokens_prefix
+    cdef public double share_requests, share_tokens, floor_requests, floor_tokens
+    cdef public long share_in_flight, floor_in_flight
 
     cpdef bint may_call(self, str model) except -1
+    @cython.locals(requests=double, tokens_share=double, most=long)
     cpdef int admit(self, double now, double tokens, bint leased) except -1
     cpdef double retry_after(self, int refused) except -1
     cpdef void settle(self, double reserved, double used) except *
     @cython.locals(row=UsageRow)
     cpdef void count(self, str model, int status, long prompt, long completion, bint refused, double waited) except *
+    @cython.locals(requests_left=Py_ssize_t, requests_reset=Py_ssize_t, tokens_left=Py_ssize_t, tokens_reset=Py_ssize_t)
     cpdef bytes limit_headers(self)
 
 
@@ -66,13 +70,15 @@ cdef class TenantBook:
     cdef public double lease_until
     cdef public dict file_keys
     cdef public dict known
+    cdef public bytes last_authorization
+    cdef public tuple last_found
+    cdef public bint last_marked
 
-    cpdef TenantState find(self, object authorization)
+    @cython.locals(found=tuple)
+    cpdef TenantState find(self, bytes authorization)
 
 
+@cython.locals(wanted=cython.longlong)
 cpdef long tokens_asked(bytes body, long default_max_tokens) except -1
-cpdef tuple usage_of(bytes tail)
-@cython.locals(at=Py_ssize_t, end=Py_ssize_t, value=cython.longlong, digits=int)
-cpdef long long number_after(bytes data, bytes name) except -2
-@cython.locals(level=double, reset_ms=Py_ssize_t)
-cdef bytes _header_set(bytes prefix, bytes reset_name, Bucket bucket)
+cdef Py_ssize_t _left(Bucket bucket)
+cdef Py_ssize_t _reset_ms(Bucket bucket)

@@ -19,21 +19,18 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import math
 import time
 
-from router.wire import ratelimit_lines
+from router.wire import number_after, ratelimit_lines
 
 KEYS_FILE_TENANT = "api-keys-file"  # --api-keys-file's keys: a tenant with no limits
 MAX_KNOWN = 100_000  # headers remembered (each a valid key)
 MAX_AUTHORIZATION = 1024  # longer is no key of ours: refused before it is hashed
 BYTES_PER_TOKEN = 4  # a prompt's estimate: its bytes over this (English, JSON around it)
 MODELS_REMEMBERED = 4096  # per tenant: may_call's answers kept (models are few)
+PROMPT_TOKENS = b'"prompt_tokens"'  # the engine's usage, as OpenAI names it
+COMPLETION_TOKENS = b'"completion_tokens"'
 USAGE_WIDTH = 6  # requests, errors, rate_limited, prompt_tokens, completion_tokens, queue_wait_s
-RESET_REQUESTS = b"\r\nx-ratelimit-reset-requests: "
-RESET_TOKENS = b"\r\nx-ratelimit-reset-tokens: "
-COLON = 58
-MAX_DIGITS = 12
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
 # Why a request was refused, as admit() returns it (0: admitted).
 ADMITTED, OVER_REQUESTS, OVER_TOKENS, OVER_IN_FLIGHT = 0, 1, 2, 3
@@ -47,42 +44,6 @@ def tokens_asked(body: bytes, default_max_tokens: int) -> int:
     if wanted < 0:
         wanted = default_max_tokens
     return len(body) // BYTES_PER_TOKEN + wanted
-
-
-def usage_of(tail: bytes) -> tuple:
-    """(prompt, completion) tokens from the engine's `usage` at an answer's end; -1 each
-    where it gave none."""
-    prompt = number_after(tail, b'"prompt_tokens"')
-    completion = number_after(tail, b'"completion_tokens"')
-    if prompt < 0 or completion < 0:
-        return -1, -1
-    return prompt, completion
-
-
-def number_after(data: bytes, name: bytes) -> int:
-    """The whole number after the last `name:` in `data` (JSON), or -1. A find, not a
-    regular expression: it runs on every answer of a tenant."""
-    at = data.rfind(name)
-    if at < 0:
-        return -1
-    at += len(name)
-    end = len(data)
-    while at < end and (data[at] == 32 or data[at] == 9 or data[at] == 10 or data[at] == 13):
-        at += 1
-    if at >= end or data[at] != COLON:
-        return -1
-    at += 1
-    while at < end and (data[at] == 32 or data[at] == 9 or data[at] == 10 or data[at] == 13):
-        at += 1
-    value = 0
-    digits = 0
-    while at < end and 48 <= data[at] <= 57 and digits < MAX_DIGITS:
-        value = value * 10 + (data[at] - 48)
-        digits += 1
-        at += 1
-    if digits == 0 or (at < end and 48 <= data[at] <= 57):
-        return -1  # none, or too long to be a count of tokens
-    return value
 
 
 class Bucket:
@@ -156,6 +117,8 @@ class TenantState:
         self.requests_prefix = self.tokens_prefix = b""  # of their x-ratelimit-* lines
         self.share = (0.0, 0.0, 0.0)  # this router's (requests, tokens, in flight)
         self.floor = (0.0, 0.0, 0.0)
+        self.share_requests = self.share_tokens = self.floor_requests = self.floor_tokens = 0.0
+        self.share_in_flight = self.floor_in_flight = 1
         self.requests = None  # Buckets, made full at the first share
         self.tokens = None
         self.created = now
@@ -193,6 +156,11 @@ class TenantState:
                     float(share[i]) if i < len(share) and share[i] is not None else floor[i]
                 )
             self.share = tuple(given)
+        # The same as numbers, for admit(); in flight never below one.
+        self.share_requests, self.share_tokens = self.share[0], self.share[1]
+        self.floor_requests, self.floor_tokens = self.floor[0], self.floor[1]
+        self.share_in_flight = max(1, int(self.share[2]))
+        self.floor_in_flight = max(1, int(self.floor[2]))
         if self.requests is None:
             self.requests = Bucket(self.share[0], self.created)
             self.tokens = Bucket(self.share[1], self.created)
@@ -215,15 +183,20 @@ class TenantState:
         """ADMITTED (and counted in flight), or which limit refuses the request."""
         self.demand_requests += 1
         self.demand_tokens += tokens
-        share = self.share if leased else self.floor
-        if self.max_in_flight and self.in_flight >= max(1.0, math.floor(share[2])):
+        if leased:
+            requests, most = self.share_requests, self.share_in_flight
+            tokens_share = self.share_tokens
+        else:
+            requests, most = self.floor_requests, self.floor_in_flight
+            tokens_share = self.floor_tokens
+        if self.max_in_flight and self.in_flight >= most:
             return OVER_IN_FLIGHT
         if self.requests_per_minute:
-            self.requests.fill(share[0], now)
+            self.requests.fill(requests, now)
             if self.requests.level < 1.0:
                 return OVER_REQUESTS
         if self.tokens_per_minute:
-            self.tokens.fill(share[1], now)
+            self.tokens.fill(tokens_share, now)
             if self.tokens.level <= 0.0:
                 return OVER_TOKENS
             self.tokens.level -= tokens
@@ -278,14 +251,20 @@ class TenantState:
 
     def limit_headers(self) -> bytes:
         """OpenAI's x-ratelimit-* lines for this router's buckets (after the last admit)."""
-        if not self.tokens_per_minute:
-            if not self.requests_per_minute:
-                return b""
-            return _header_set(self.requests_prefix, RESET_REQUESTS, self.requests)
-        if not self.requests_per_minute:
-            return _header_set(self.tokens_prefix, RESET_TOKENS, self.tokens)
-        return _header_set(self.requests_prefix, RESET_REQUESTS, self.requests) + _header_set(
-            self.tokens_prefix, RESET_TOKENS, self.tokens
+        requests_left = requests_reset = tokens_left = tokens_reset = 0
+        if self.requests_per_minute:
+            requests_left = _left(self.requests)
+            requests_reset = _reset_ms(self.requests)
+        if self.tokens_per_minute:
+            tokens_left = _left(self.tokens)
+            tokens_reset = _reset_ms(self.tokens)
+        return ratelimit_lines(
+            self.requests_prefix,
+            requests_left,
+            requests_reset,
+            self.tokens_prefix,
+            tokens_left,
+            tokens_reset,
         )
 
     def report(self) -> dict:
@@ -296,18 +275,21 @@ class TenantState:
 
 
 def _header_prefix(kind: bytes, limit: float) -> bytes:
+    """The limit's line and the start of the remaining's; empty where there is no limit."""
+    if not limit:
+        return b""
     return b"x-ratelimit-limit-%s: %d\r\nx-ratelimit-remaining-%s: " % (kind, int(limit), kind)
 
 
-def _header_set(prefix: bytes, reset_name: bytes, bucket: Bucket) -> bytes:
-    """`prefix` (the limit's line and the start of the remaining's), the remaining and the
-    reset lines, written in one allocation (router.wire.ratelimit_lines)."""
-    level = bucket.level
-    if level >= bucket.per_minute or bucket.per_minute <= 0:
-        reset_ms = 0
-    else:
-        reset_ms = int((bucket.per_minute - level) * 60000.0 / bucket.per_minute)
-    return ratelimit_lines(prefix, int(level) if level > 0 else 0, reset_name, reset_ms)
+def _left(bucket: Bucket) -> int:
+    return int(bucket.level) if bucket.level > 0 else 0
+
+
+def _reset_ms(bucket: Bucket) -> int:
+    """Until the bucket is full again."""
+    if bucket.level >= bucket.per_minute or bucket.per_minute <= 0:
+        return 0
+    return int((bucket.per_minute - bucket.level) * 60000.0 / bucket.per_minute)
 
 
 class TenantBook:
@@ -323,14 +305,25 @@ class TenantBook:
         # Authorization headers already found -> (tenant, key id), until the next table: a
         # client's next request costs a lookup, not a hash. Only keys that exist are kept.
         self.known: dict = {}
+        self.last_authorization = None  # the last header found, its tenant and key id
+        self.last_found = None
+        self.last_marked = False  # its key is in keys_used
 
     def enabled(self) -> bool:
         """Whether a request needs a key: once any tenant is applied (even one with no key
         left), or --api-keys-file was given."""
         return bool(self.tenants)
 
-    def find(self, authorization) -> TenantState:
+    def find(self, authorization: bytes | None) -> TenantState:
         """The tenant of a request's `Authorization: Bearer KEY`, or None."""
+        if authorization is not None and authorization == self.last_authorization:
+            # The key of the request before (a client's connections share one): no hash.
+            found = self.last_found
+            if not self.last_marked:
+                self.last_marked = True
+                if found[1]:
+                    self.keys_used.add(found[1])
+            return found[0]
         found = self.known.get(authorization)
         if found is None:
             if authorization is None or len(authorization) > MAX_AUTHORIZATION:
@@ -344,7 +337,12 @@ class TenantBook:
                 self.known[authorization] = found
         if found[1]:
             self.keys_used.add(found[1])
+        self.last_authorization, self.last_found, self.last_marked = authorization, found, True
         return found[0]
+
+    def forget_last(self) -> None:
+        self.last_authorization = None
+        self.last_found = None
 
     def use_keys_file(self, keys, now: float) -> None:
         tenant = TenantState(KEYS_FILE_TENANT, now)
@@ -353,6 +351,7 @@ class TenantBook:
         self.tenants[KEYS_FILE_TENANT] = tenant
         self.by_digest = {**self.by_digest, **self.file_keys}
         self.known = {}
+        self.forget_last()
 
     def heard(self, now: float) -> None:
         """The control plane answered: the shares it gave hold for another lease."""
@@ -380,6 +379,7 @@ class TenantBook:
         self.tenants = tenants
         self.by_digest = by_digest
         self.known = {}
+        self.forget_last()
         self.heard(now)
 
     def report(self) -> dict:
@@ -390,4 +390,5 @@ class TenantBook:
         period: a wall clock read per request would cost more than the key's hash)."""
         now = time.time()
         used, self.keys_used = self.keys_used, set()
+        self.last_marked = False
         return dict.fromkeys(used, now)

@@ -11,6 +11,7 @@ Request = _impl.Request
 RequestReader = _impl.RequestReader
 ResponseReader = _impl.ResponseReader
 numbered = _impl.numbered
+number_after = _impl.number_after
 ratelimit_lines = _impl.ratelimit_lines
 monotonic = _impl.monotonic
 USING_EXTENSION = _impl is not wire_py
@@ -21,6 +22,7 @@ __all__ = [
     "ResponseReader",
     "USING_EXTENSION",
     "monotonic",
+    "number_after",
     "numbered",
     "ratelimit_lines",
 ]

@@ -285,11 +285,54 @@ def numbered(prefix: bytes, number: int) -> bytes:
     return prefix + str(number).encode()
 
 
-def ratelimit_lines(prefix: bytes, remaining: int, reset_name: bytes, reset_ms: int) -> bytes:
-    """`prefix`, `remaining`, `reset_name`, the reset as OpenAI writes it, CRLF (`_wire`'s)."""
+def ratelimit_lines(
+    requests_prefix: bytes,
+    requests_left: int,
+    requests_reset_ms: int,
+    tokens_prefix: bytes,
+    tokens_left: int,
+    tokens_reset_ms: int,
+) -> bytes:
+    """A limited tenant's x-ratelimit-* lines (`_wire`'s)."""
+    lines = b""
+    if requests_prefix:
+        lines += b"%s%d\r\nx-ratelimit-reset-requests: %s\r\n" % (
+            requests_prefix,
+            max(0, requests_left),
+            reset_text(requests_reset_ms),
+        )
+    if tokens_prefix:
+        lines += b"%s%d\r\nx-ratelimit-reset-tokens: %s\r\n" % (
+            tokens_prefix,
+            max(0, tokens_left),
+            reset_text(tokens_reset_ms),
+        )
+    return lines
+
+
+def reset_text(reset_ms: int) -> bytes:
     if reset_ms < 1000:
-        reset = b"%dms" % max(0, reset_ms)
-    else:
-        seconds = (reset_ms + 999) // 1000
-        reset = b"%dm%ds" % divmod(seconds, 60) if seconds >= 60 else b"%ds" % seconds
-    return prefix + str(max(0, remaining)).encode() + reset_name + reset + b"\r\n"
+        return b"%dms" % max(0, reset_ms)
+    seconds = (reset_ms + 999) // 1000
+    return b"%dm%ds" % divmod(seconds, 60) if seconds >= 60 else b"%ds" % seconds
+
+
+MAX_COUNT_DIGITS = 12  # more is no count of tokens
+JSON_SPACE = b" \t\r\n"
+
+
+def number_after(data: bytes, name: bytes) -> int:
+    """The whole number after the last `name:` in `data` (JSON), or -1 (`_wire`'s)."""
+    at = data.rfind(name)
+    if at < 0 or len(name) < 2:
+        return -1
+    rest = data[at + len(name) :].lstrip(JSON_SPACE)
+    if not rest.startswith(b":"):
+        return -1
+    rest = rest[1:].lstrip(JSON_SPACE)
+    digits = 0
+    while digits < len(rest) and 48 <= rest[digits] <= 57:
+        digits += 1
+    if digits == 0 or digits > MAX_COUNT_DIGITS:
+        return -1  # none, or too long to be a count of tokens
+    return int(rest[:digits])

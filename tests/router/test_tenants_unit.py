@@ -7,14 +7,16 @@ from controlplane.tenantshares import FLOOR_SHARE, by_demand, split
 from router.fairqueue import FairQueue
 from router.tenants import (
     ADMITTED,
+    COMPLETION_TOKENS,
     OVER_IN_FLIGHT,
     OVER_REQUESTS,
     OVER_TOKENS,
+    PROMPT_TOKENS,
     TenantBook,
     TenantState,
     tokens_asked,
-    usage_of,
 )
+from router.wire import number_after
 
 
 def limited(now=0.0, **rules):
@@ -74,9 +76,10 @@ def test_estimates_and_usage_are_read_from_the_bytes():
     assert tokens_asked(body, 256) == len(body) // 4 + 50
     assert tokens_asked(b'{"model":"m"}', 256) == 3 + 256
     tail = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34}}\n\n'
-    assert usage_of(tail) == (12, 34)
-    assert usage_of(b'{"usage": null}') == (-1, -1)
-    assert usage_of(b'"prompt_tokens": 99999999999999999999') == (-1, -1)
+    assert number_after(tail, PROMPT_TOKENS) == 12
+    assert number_after(tail, COMPLETION_TOKENS) == 34
+    assert number_after(b'{"usage": null}', PROMPT_TOKENS) == -1
+    assert number_after(b'"prompt_tokens": 99999999999999999999', PROMPT_TOKENS) == -1
 
 
 def test_the_book_finds_a_key_by_its_digest_and_refuses_the_rest():
@@ -92,6 +95,8 @@ def test_the_book_finds_a_key_by_its_digest_and_refuses_the_rest():
     assert book.find(b"Bearer secret").name == "a"
     assert book.find(b"Bearer secret ").name == "a"
     assert book.take_keys_used().keys() == {"key-1"} and not book.take_keys_used()
+    assert book.find(b"Bearer secret ").name == "a", "the header of the request before"
+    assert book.take_keys_used().keys() == {"key-1"}, "used again after the last report"
     for bad in (None, b"", b"secret", b"Bearer other", b"Bearer " + b"s" * 20_000):
         assert book.find(bad) is None
     kept = book.tenants["a"]

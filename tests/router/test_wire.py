@@ -56,6 +56,52 @@ def test_numbered_writes_any_number_in_decimal(number):
 
 
 @pytest.mark.parametrize("module", [_wire, wire_py])
+def test_number_after_reads_the_last_count_of_a_name(module):
+    tail = b'{"usage":{"prompt_tokens":1}}\ndata: {"usage": {"prompt_tokens" :\t12, "x": 3}}'
+    assert module.number_after(tail, b'"prompt_tokens"') == 12
+    assert module.number_after(b'{"max_tokens":999999999999}', b'"max_tokens"') == 999999999999
+    for refused in (b'{"max_tokens":9999999999999}', b'{"max_tokens":"5"}', b'{"max_tokens"}',
+                    b'{"max_tokens":}', b'{"max_tokens', b""):  # fmt: skip
+        assert module.number_after(refused, b'"max_tokens"') == -1
+    assert module.number_after(b"abc", b"") == module.number_after(b"a:1", b"a") == -1
+
+
+@given(st.binary(max_size=60), st.sampled_from([b'"n"', b"n", b'"max_tokens"']))
+@example(b'"n": 0012', b'"n"')
+def test_number_after_is_the_same_compiled_and_not(data, name):
+    assert _wire.number_after(data, name) == wire_py.number_after(data, name)
+
+
+@given(st.text('0123456789 :\t\n"n', max_size=40))
+def test_number_after_is_the_same_on_json_like_text(text):
+    data = text.encode()
+    assert _wire.number_after(data, b'"n"') == wire_py.number_after(data, b'"n"')
+
+
+@pytest.mark.parametrize("module", [_wire, wire_py])
+def test_ratelimit_lines_are_openais_headers(module):
+    prefix = b"x-ratelimit-limit-requests: 60\r\nx-ratelimit-remaining-requests: "
+    lines = module.ratelimit_lines(prefix, 59, 1000, b"", 5, 5)
+    assert lines == (
+        b"x-ratelimit-limit-requests: 60\r\nx-ratelimit-remaining-requests: 59\r\n"
+        b"x-ratelimit-reset-requests: 1s\r\n"
+    )
+    both = module.ratelimit_lines(b"R: ", -3, 360_500, b"T: ", 7, 250)
+    assert both == (
+        b"R: 0\r\nx-ratelimit-reset-requests: 6m1s\r\nT: 7\r\nx-ratelimit-reset-tokens: 250ms\r\n"
+    )
+    assert module.ratelimit_lines(b"", 1, 1, b"", 1, 1) == b""
+
+
+@given(st.integers(-10, 10**15), st.integers(-10, 10**9), st.integers(-10, 10**15),
+       st.integers(-10, 10**9), st.booleans(), st.booleans())  # fmt: skip
+def test_ratelimit_lines_are_the_same_compiled_and_not(left, reset, tokens, tokens_reset, r, t):
+    prefixes = (b"x-ratelimit-limit-requests: 9\r\nrem: " if r else b"", b"tok: " if t else b"")
+    arguments = (prefixes[0], left, reset, prefixes[1], tokens, tokens_reset)
+    assert _wire.ratelimit_lines(*arguments) == wire_py.ratelimit_lines(*arguments)
+
+
+@pytest.mark.parametrize("module", [_wire, wire_py])
 def test_the_clock_is_time_monotonic(module):
     import time
 
