@@ -11,6 +11,7 @@ from controlplane.apihttp import (
     JSON,
     LEADERSHIP_KEY,
     ApiError,
+    applied,
     body_of,
     items,
     json_response,
@@ -52,14 +53,7 @@ async def get_adapter(request: web.Request) -> web.Response:
 
 
 async def apply_adapter(request: web.Request) -> web.Response:
-    dry_run = request.query.get("dry_run", "") in ("1", "true")
-    adapter, outcome = term(request).fleet.apply_adapter(await body_of(request), dry_run)
-    if not dry_run:
-        wake(request)
-    answer = {"adapter": adapter.to_dict(), "result": outcome}
-    if dry_run:
-        answer["dry_run"] = True
-    return json_response(answer, 201 if outcome == "created" and not dry_run else 200)
+    return await applied(request, "adapter", term(request).fleet.apply_adapter)
 
 
 async def delete_adapter(request: web.Request) -> web.Response:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controlplane.apihttp import ApiError, body_of, items, json_response, term, wake
+from controlplane.apihttp import ApiError, applied, items, json_response, term, wake
 from controlplane.specs import SpecError, parse_duration
 
 USAGE_SINCE_MOST_S = 24 * 3600.0  # what the ledger keeps
@@ -21,14 +21,7 @@ async def get_tenant(request: web.Request) -> web.Response:
 
 
 async def apply_tenant(request: web.Request) -> web.Response:
-    dry_run = request.query.get("dry_run", "") in ("1", "true")
-    tenant, outcome = term(request).fleet.apply_tenant(await body_of(request), dry_run)
-    if not dry_run:
-        wake(request)
-    answer = {"tenant": tenant.to_dict(), "result": outcome}
-    if dry_run:
-        answer["dry_run"] = True
-    return json_response(answer, 201 if outcome == "created" and not dry_run else 200)
+    return await applied(request, "tenant", term(request).fleet.apply_tenant)
 
 
 async def delete_tenant(request: web.Request) -> web.Response:

@@ -164,3 +164,16 @@ async def paged_list(request: web.Request, kind: str, rows: list[dict], sort_key
     if len(chosen) < LONG_LIST:
         return json_response(body)
     return web.Response(body=await asyncio.to_thread(orjson.dumps, body), content_type=JSON)
+
+
+async def applied(request: web.Request, kind: str, apply) -> web.Response:
+    """POST of an object applied whole (`?dry_run=true` checks it only): `apply(body,
+    dry_run)` gives the object and created, updated or unchanged."""
+    dry_run = request.query.get("dry_run", "") in ("1", "true")
+    found, outcome = apply(await body_of(request), dry_run)
+    if not dry_run:
+        wake(request)
+    answer = {kind: found.to_dict(), "result": outcome}
+    if dry_run:
+        answer["dry_run"] = True
+    return json_response(answer, 201 if outcome == "created" and not dry_run else 200)

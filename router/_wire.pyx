@@ -424,24 +424,26 @@ cpdef bytes ratelimit_lines(
             or PyBytes_GET_SIZE(tokens_prefix) > MAX_RATELIMIT_PREFIX):
         raise ValueError("a ratelimit prefix is one limit's line and a name")
     if PyBytes_GET_SIZE(requests_prefix):
-        at = put(at, requests_prefix)
-        at += decimal_digits(at, requests_left if requests_left > 0 else 0)
-        memcpy(at, b"\r\nx-ratelimit-reset-requests: ", RESET_REQUESTS_SIZE)
-        at += RESET_REQUESTS_SIZE
-        at += reset_text(at, requests_reset_ms)
-        at[0] = 13
-        at[1] = 10
-        at += 2
+        at = put_ratelimit(at, requests_prefix, requests_left,
+                           b"\r\nx-ratelimit-reset-requests: ", RESET_REQUESTS_SIZE,
+                           requests_reset_ms)
     if PyBytes_GET_SIZE(tokens_prefix):
-        at = put(at, tokens_prefix)
-        at += decimal_digits(at, tokens_left if tokens_left > 0 else 0)
-        memcpy(at, b"\r\nx-ratelimit-reset-tokens: ", RESET_TOKENS_SIZE)
-        at += RESET_TOKENS_SIZE
-        at += reset_text(at, tokens_reset_ms)
-        at[0] = 13
-        at[1] = 10
-        at += 2
+        at = put_ratelimit(at, tokens_prefix, tokens_left,
+                           b"\r\nx-ratelimit-reset-tokens: ", RESET_TOKENS_SIZE, tokens_reset_ms)
     return PyBytes_FromStringAndSize(lines, at - lines)
+
+
+cdef inline char* put_ratelimit(char* at, bytes prefix, Py_ssize_t left, const char* reset_name,
+                                Py_ssize_t reset_name_size, Py_ssize_t reset_ms) noexcept:
+    """One limit's lines: its prefix, what is left, its reset line."""
+    at = put(at, prefix)
+    at += decimal_digits(at, left if left > 0 else 0)
+    memcpy(at, reset_name, reset_name_size)
+    at += reset_name_size
+    at += reset_text(at, reset_ms)
+    at[0] = 13
+    at[1] = 10
+    return at + 2
 
 
 cdef enum:
