@@ -368,7 +368,7 @@ def main() -> int:
         "--load",
         choices=["wrk", "loadgen"],
         help="the load generator; default: wrk for json, loadgen for sse (it times the gaps"
-        " in each answer, and wrk's SSE tail is its own: see docs/performance.md)",
+        " in each answer, and wrk's SSE tail is its own: see docs/operations.md)",
     )
     parser.add_argument(
         "--tenant",
