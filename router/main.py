@@ -278,6 +278,7 @@ def run_workers(settings: RouterSettings, workers: int) -> int:
     children = []
     base_id = settings.router_id
     settings.metrics_folder = tempfile.mkdtemp(prefix="gpurouter-metrics-")
+    settings.workers = workers
     for index in range(workers):
         pid = os.fork()
         if pid == 0:

@@ -50,6 +50,7 @@ class RouterSettings:
     kv_threshold: float = 0.8  # KV-cache use at which affinity counts a replica as full
     metrics_folder: str | None = None  # with several workers: where they pool their counters
     worker: int = 0
+    workers: int = 1  # processes sharing the port
     tenants_file: str | None = None  # tenants without a control plane (router/tenantsfile.py)
     catalog_every_s: float = 10.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
@@ -109,7 +110,9 @@ class RouterServer:
         )
         ctx.affinity_by_model = dict(settings.static_affinity)
         if settings.tenants_file:
-            ctx.tenants_changed(read_tenants_file(settings.tenants_file, self.router_id))
+            ctx.tenants_changed(
+                read_tenants_file(settings.tenants_file, self.router_id, settings.workers)
+            )
         if self.load_reader is not None:
             ctx.extra_metrics = self.load_reader.metrics_lines
             self.load_reader.start()

@@ -22,12 +22,14 @@ import yaml
 
 HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 LIMITS = ("requests_per_minute", "tokens_per_minute", "max_in_flight", "default_max_tokens")
+SHARED_LIMITS = LIMITS[:3]  # split among the workers, in the order of a share
 FIELDS = {"name", "models", "weight", "priority", "key_sha256", *LIMITS}
 
 
-def read_tenants_file(path: str, router_id: str) -> dict:
+def read_tenants_file(path: str, router_id: str, workers: int = 1) -> dict:
     """The part of a routing table a control plane would send (router/tenants.py), or
-    ValueError naming the file, the tenant and the field."""
+    ValueError naming the file, the tenant and the field. With `workers` processes on one
+    port, each holds an even part of every limit: together they hold the whole."""
     with open(path) as f:
         try:
             loaded = yaml.safe_load(f) or {}
@@ -54,11 +56,7 @@ def read_tenants_file(path: str, router_id: str) -> dict:
             raise ValueError(f"{where}.priority: an integer")
         rules["priority"] = priority
         rules["shares"] = {
-            router_id: [
-                rules["requests_per_minute"],
-                rules["tokens_per_minute"],
-                rules["max_in_flight"],
-            ]
+            router_id: [(rules[limit] or 0) / max(workers, 1) for limit in SHARED_LIMITS]
         }
         tenants[name] = rules
         digests = entry.get("key_sha256") or []

@@ -141,3 +141,20 @@ def test_shares_follow_demand_when_it_exceeds_the_limit():
     shares = split(600, {"r1": 4800, "r2": 600, "r3": 600})
     assert shares["r1"] > 5 * shares["r2"]
     assert by_demand(10, {"a": 2, "b": 3}) == {"a": 4.5, "b": 5.5}
+
+
+def test_workers_on_one_port_split_a_tenants_file_limits(tmp_path):
+    from router.tenantsfile import read_tenants_file
+
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n  - name: a\n    requests_per_minute: 600\n    max_in_flight: 4\n")
+    alone = read_tenants_file(str(path), "r", 1)["tenants"]["a"]["shares"]["r"]
+    assert alone == [600, 0, 4]
+    book = TenantBook()
+    book.update(read_tenants_file(str(path), "r-w0", 4), "r-w0", 0.0)
+    tenant = book.tenants["a"]
+    admitted = sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(1000))
+    assert admitted == 1, "a quarter of 4 in flight: one at a time per worker"
+    tenant.settle(0, 0)
+    assert sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(1000)) == 1
+    assert tenant.requests.level < 150, "a quarter of 600 a minute, less what was taken"
