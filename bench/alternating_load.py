@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
+from bench.compare_routers import group_of
 from bench.loadgen import build_request, read_answer
 
 
@@ -38,14 +37,6 @@ def on_cpu_ns(pids: list[int]) -> int:
     return total
 
 
-def process_group(pid: int) -> list[int]:
-    """`pid` and the others of its process group (a proxy's workers)."""
-    listed = subprocess.run(
-        ["pgrep", "-g", str(os.getpgid(pid))], capture_output=True, text=True
-    ).stdout.split()
-    return [pid] + [int(p) for p in listed if int(p) != pid]
-
-
 def turn_order(slices: int, contenders: int) -> list[int]:
     """ABBA ABBA... for two; round robin forwards then backwards for more."""
     forwards = list(range(contenders))
@@ -58,7 +49,7 @@ def turn_order(slices: int, contenders: int) -> list[int]:
 class Target:
     def __init__(self, url: str, pid: int, body: bytes, headers: tuple[str, ...]) -> None:
         self.host, self.port, self.request = build_request(url, body, headers)
-        self.pids = process_group(pid)
+        self.pids = group_of(pid)
         self.streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def connect(self, connections: int) -> None:

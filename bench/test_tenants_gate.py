@@ -72,4 +72,4 @@ def test_a_tenants_key_and_limits_cost_at_most_five_percent_per_core(benchmark):
         f"tenant's key and limits, rate per core: {found.group(1)}x the same router without"
         f" (goal 0.95; rounds {found.group(2)})"
     )
-    assert done["run"].returncode == 0, out
+    assert done["run"].returncode == 0, out + done["run"].stderr

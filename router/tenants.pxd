@@ -36,8 +36,6 @@ cdef class TenantState:
     cdef public long priority
     cdef public long default_max_tokens
     cdef public bint limited
-    cdef public tuple share
-    cdef public tuple floor
     cdef public Bucket requests
     cdef public Bucket tokens
     cdef public long in_flight

@@ -115,8 +115,7 @@ class TenantState:
         self.default_max_tokens = 256
         self.limited = False
         self.requests_prefix = self.tokens_prefix = b""  # of their x-ratelimit-* lines
-        self.share = (0.0, 0.0, 0.0)  # this router's (requests, tokens, in flight)
-        self.floor = (0.0, 0.0, 0.0)
+        # This router's share of each limit, and the floor it falls to when its lease ends.
         self.share_requests = self.share_tokens = self.floor_requests = self.floor_tokens = 0.0
         self.share_in_flight = self.floor_in_flight = 1
         self.requests = None  # Buckets, made full at the first share
@@ -143,27 +142,20 @@ class TenantState:
         self.requests_prefix = _header_prefix(b"requests", self.requests_per_minute)
         self.tokens_prefix = _header_prefix(b"tokens", self.tokens_per_minute)
         limits = (self.requests_per_minute, self.tokens_per_minute, float(self.max_in_flight))
-        floor = []
-        for limit in limits:
-            floor.append(min(limit * floor_share, limit / max(routers, 1)))
-        self.floor = tuple(floor)
-        if share is None:
-            self.share = self.floor
-        else:
-            given = []
-            for i in range(3):
-                given.append(
-                    float(share[i]) if i < len(share) and share[i] is not None else floor[i]
-                )
-            self.share = tuple(given)
-        # The same as numbers, for admit(); in flight never below one.
-        self.share_requests, self.share_tokens = self.share[0], self.share[1]
-        self.floor_requests, self.floor_tokens = self.floor[0], self.floor[1]
-        self.share_in_flight = max(1, int(self.share[2]))
-        self.floor_in_flight = max(1, int(self.floor[2]))
+        floor = [min(limit * floor_share, limit / max(routers, 1)) for limit in limits]
+        given = floor
+        if share is not None:
+            given = [
+                float(share[i]) if i < len(share) and share[i] is not None else floor[i]
+                for i in range(3)
+            ]
+        self.share_requests, self.share_tokens = given[0], given[1]
+        self.floor_requests, self.floor_tokens = floor[0], floor[1]
+        self.share_in_flight = max(1, int(given[2]))  # never below one
+        self.floor_in_flight = max(1, int(floor[2]))
         if self.requests is None:
-            self.requests = Bucket(self.share[0], self.created)
-            self.tokens = Bucket(self.share[1], self.created)
+            self.requests = Bucket(given[0], self.created)
+            self.tokens = Bucket(given[1], self.created)
 
     def may_call(self, model: str) -> bool:
         if not self.patterns:
