@@ -1,7 +1,7 @@
 """A whole simulated fleet of real processes, read by operators while its nodes heartbeat.
 
 One `gpuctl server` with a token file and its defaults (heartbeats paced by the fleet's size,
-controlplane/pacing.py), as a platform team runs it: one `gpuctl agent
+controlplane/rules/pacing.py), as a platform team runs it: one `gpuctl agent
 --simulate` for every node, each node registering with the agent token and heartbeating with
 the credential it was given (replicas in process, so 10,000 of them fit on one machine); one
 `gpurouter` with the router token that watches and reports on every replica. It times the
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from controlplane.pacing import HeartbeatPacing
+from controlplane.rules.pacing import HeartbeatPacing
 from tests.harness import BIN, Processes, call, control_plane, free_port, wait_until
 
 FABRIC_NODES = 1000  # nodes a fabric, as in a large training cluster's pods

@@ -6,7 +6,7 @@ by models of the processes around it, with the timing those processes have by de
 | control plane | the real one: a tick every `tick_s`, and soon | controlplane.server.Settings    |
 |               | after a call that changed state (a demand, a  |                                 |
 |               | prompt report, a heartbeat with news)         |                                 |
-| agent         | orders by its watch; heartbeats at the period | controlplane.pacing; orders     |
+| agent         | orders by its watch; heartbeats at the period | rules.pacing; orders            |
 |               | the server hands out; an engine that finished | `order_delay_s` after the tick  |
 |               | a move is reported at once                    |                                 |
 | engines       | `slots` requests at once, a FIFO queue behind;| bench/multiplex.py's Settings   |
@@ -28,10 +28,10 @@ import itertools
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from controlplane.orders import digest
-from controlplane.pacing import HeartbeatPacing
+from controlplane.rules.pacing import HeartbeatPacing
 from controlplane.server import PACED_TICK_S
 from controlplane.server import Settings as ServerSettings
+from controlplane.state.orders import digest
 from router.context import ProxyConfig
 from router.server import RouterSettings
 

@@ -15,10 +15,10 @@ import gc
 import sys
 import time
 
-from controlplane.lease import Lease
-from controlplane.model import ReplicaState
-from controlplane.pgstore import PostgresStore, connect_pool, migrate
 from controlplane.server import GC_THRESHOLDS, Settings, begin_term
+from controlplane.state.lease import Lease
+from controlplane.state.pgstore import PostgresStore, connect_pool, migrate
+from controlplane.vocabulary.model import ReplicaState
 
 GPUS_PER_NODE = 8
 FABRIC_NODES = 1000

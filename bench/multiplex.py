@@ -32,10 +32,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from bench.fleetsim import PARK_TIMEOUT_S, TICK_S, Events, Request, Sim, Timing
-from controlplane.fleet import Fleet
-from controlplane.idle import IdleTracker
-from controlplane.reconciler import Reconciler
-from controlplane.store import SqliteStore
+from controlplane.state.fleet import Fleet
+from controlplane.state.store import SqliteStore
+from controlplane.tick.reconciler import Reconciler
+from controlplane.vocabulary.idle import IdleTracker
 
 CARD_MB = 81559  # H100-80GB, as NVML counts it
 HOST_MB = 2 * 1024 * 1024  # a DGX-class node's 2 TiB

@@ -14,11 +14,11 @@ import time
 import orjson
 
 from bench.figures import record
-from controlplane.fleet import FleetSnapshot
-from controlplane.idle import IdleState, IdleTracker
-from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState
-from controlplane.placement import Placer
-from controlplane.summary import summary
+from controlplane.rules.placement import Placer
+from controlplane.state.fleet import FleetSnapshot
+from controlplane.views.summary import summary
+from controlplane.vocabulary.idle import IdleState, IdleTracker
+from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState
 
 MAX_GROWTH = 3.0  # linear growth is 2; quadratic would be 4
 
@@ -173,9 +173,9 @@ def test_ingest_of_100_router_reports_of_5000_replicas(benchmark):
 def heartbeating_fleet(tmp_path, nodes: int):
     """A control plane with `nodes` nodes, half their GPUs held by Ready replicas, and the
     heartbeat each agent sends when nothing has changed."""
-    from controlplane.fleet import Fleet
-    from controlplane.reconciler import Reconciler
-    from controlplane.store import SqliteStore
+    from controlplane.state.fleet import Fleet
+    from controlplane.state.store import SqliteStore
+    from controlplane.tick.reconciler import Reconciler
 
     fleet_ = Fleet(SqliteStore(tmp_path / f"state-{nodes}.sqlite"))
     reconciler = Reconciler(fleet_)

@@ -10,8 +10,8 @@ import click
 
 from cli.listen import parse_listen
 from cli.paths import state_dir
-from controlplane.orders import WATCH_S
-from controlplane.tokens import load_tokens
+from controlplane.agent.agent import WATCH_S
+from controlplane.api.tokens import load_tokens
 
 
 @click.command("agent")

@@ -7,8 +7,8 @@ import click
 
 from cli.listen import parse_listen
 from cli.paths import default_state_path
-from controlplane.specs import parse_duration
-from controlplane.tokens import load_tokens
+from controlplane.api.tokens import load_tokens
+from controlplane.vocabulary.specs import parse_duration
 
 
 @click.command("server")

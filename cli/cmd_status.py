@@ -7,7 +7,7 @@ import click
 from cli.context import Context, pass_context
 from cli.output import INTERVAL, OUTPUT, WATCH, emit, terminal_width, watching
 from cli.render import bar, duration, idle_text, paint, table, truncate
-from controlplane.specs import parse_duration
+from controlplane.vocabulary.specs import parse_duration
 
 MAX_LINES = 4  # per list, so that the screen stays one screen at 2,000 nodes
 

@@ -7,7 +7,7 @@ import click
 from cli.context import Context, pass_context
 from cli.output import OUTPUT, emit
 from cli.render import idle_text
-from controlplane.specs import parse_duration
+from controlplane.vocabulary.specs import parse_duration
 
 
 @click.command("stop-idle")

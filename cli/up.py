@@ -26,8 +26,8 @@ from cli import client
 from cli.config import write_config
 from cli.tls import make_certificates
 from controlplane.agent.processes import cmdline, process_alive, same_program
-from controlplane.store import without_password
-from controlplane.tokens import load_tokens, write_tokens
+from controlplane.api.tokens import load_tokens, write_tokens
+from controlplane.state.store import without_password
 
 DEMO_COMMAND = [
     "gpuctl",

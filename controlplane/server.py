@@ -14,15 +14,15 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from controlplane.api import build_app
-from controlplane.fleet import Fleet
-from controlplane.idle import IdleTracker
-from controlplane.leadership import Elected, Sole, Term
-from controlplane.lease import DB_ERRORS, Lease
-from controlplane.looplag import watch_loop_lag
-from controlplane.pgstore import PostgresStore, connect_pool, migrate
-from controlplane.reconciler import Reconciler
-from controlplane.store import SqliteStore, without_password
+from controlplane.api.app import build_app
+from controlplane.state.fleet import Fleet
+from controlplane.state.lease import DB_ERRORS, Lease
+from controlplane.state.pgstore import PostgresStore, connect_pool, migrate
+from controlplane.state.store import SqliteStore, without_password
+from controlplane.tick.leadership import Elected, Sole, Term
+from controlplane.tick.reconciler import Reconciler
+from controlplane.vocabulary.idle import IdleTracker
+from controlplane.vocabulary.looplag import watch_loop_lag
 
 log = logging.getLogger("gpufleet.server")
 # A fleet's state is millions of long-lived objects, and each view's snapshot allocates hundreds

@@ -1,7 +1,7 @@
 """Tenants at the router: whose a key is, what the tenant may call, and its share of each limit.
 
 The control plane sends, with the routes, each tenant's rules, this router's share of each
-per-minute limit, and the SHA-256 of every key (controlplane/tenantshares.py). A request's
+per-minute limit, and the SHA-256 of every key (controlplane/rules/tenantshares.py). A request's
 key is found with one hash and one lookup. Each limit is a bucket per tenant that fills at
 this router's share per minute and holds at most a minute of it:
 - requests: one per request;

@@ -4,10 +4,10 @@ import json
 import re
 from pathlib import Path
 
-from controlplane.fleet import FleetSnapshot
-from controlplane.metrics import exposition
-from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
-from controlplane.summary import model_rows, summary
+from controlplane.api.metrics import exposition
+from controlplane.state.fleet import FleetSnapshot
+from controlplane.views.summary import model_rows, summary
+from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
 from router import fastpath_py
 from router.metrics import RouterMetrics, merge, render
 from router.tenantmetrics import tenant_lines

@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 
 from cli.cmd_apply import read_specs
-from controlplane.specs import validate_spec
+from controlplane.vocabulary.specs import validate_spec
 from sim.fleet import load_fleet
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
@@ -31,7 +31,7 @@ def test_example_fleet_loads():
 
 
 def test_example_sleep_and_adapters_validate():
-    from controlplane.adapters import validate_adapter
+    from controlplane.rules.adapters import validate_adapter
 
     base, *adapters = read_specs(str(EXAMPLES / "sleep-and-adapters.yaml"))
     spec = validate_spec(base)

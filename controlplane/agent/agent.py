@@ -14,8 +14,9 @@ from typing import Protocol
 import aiohttp
 
 from controlplane.agent.supervisor import Supervisor
-from controlplane.auth import digest, new_credential
-from controlplane.orders import WATCH_S
+from controlplane.vocabulary.auth import digest, new_credential
+
+WATCH_S = 60.0  # how long a watch of this node's orders waits for news before it asks again
 
 log = logging.getLogger("gpufleet.agent")
 WATCH_MARGIN_S = 5.0  # past its wait, an unanswered watch is given up and asked again
@@ -157,7 +158,7 @@ class Credential:
 
 
 def older(version: str, than: str) -> bool:
-    """Whether orders `version` (MARK.COUNTER, controlplane/orders.py) are older than `than`:
+    """Whether orders `version` (MARK.COUNTER, controlplane/state/orders.py) are older than `than`:
     only within one leader's term (one MARK) can they be; another term's are news."""
     mark, _, counter = version.rpartition(".")
     held_mark, _, held_counter = than.rpartition(".")

@@ -11,11 +11,10 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from controlplane.agent.agent import ControlPlaneClient, Credential, NodeAgent
+from controlplane.agent.agent import WATCH_S, ControlPlaneClient, Credential, NodeAgent
 from controlplane.agent.processes import EnginePorts
 from controlplane.agent.supervisor import Supervisor
-from controlplane.looplag import watch_loop_lag
-from controlplane.orders import WATCH_S
+from controlplane.vocabulary.looplag import watch_loop_lag
 
 WATCH_MAX_NODES = 256  # nodes in one agent process that each watch their orders
 

@@ -54,7 +54,7 @@ class LosesTheFirstAnswer:
         self.calls: list[tuple[str, str | None]] = []
 
     async def post(self, path, body, token=None):
-        from controlplane.auth import digest
+        from controlplane.vocabulary.auth import digest
 
         self.calls.append((path, token))
         if path == "/v1/nodes":

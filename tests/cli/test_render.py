@@ -5,10 +5,10 @@ import pytest
 from cli.cmd_status import render_status
 from cli.cmd_tables import gpus_per_replica, model_table, node_table
 from cli.render import bar, duration, idle_text
-from controlplane.fleet import FleetSnapshot
-from controlplane.idle import IdleState
-from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
-from controlplane.summary import model_rows, node_rows, summary
+from controlplane.state.fleet import FleetSnapshot
+from controlplane.views.summary import model_rows, node_rows, summary
+from controlplane.vocabulary.idle import IdleState
+from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

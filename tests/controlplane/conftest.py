@@ -1,10 +1,10 @@
 import pytest
 
-from controlplane.fleet import Fleet
-from controlplane.idle import IdleTracker
-from controlplane.model import GPU, Node
-from controlplane.reconciler import Reconciler
-from controlplane.store import SqliteStore
+from controlplane.state.fleet import Fleet
+from controlplane.state.store import SqliteStore
+from controlplane.tick.reconciler import Reconciler
+from controlplane.vocabulary.idle import IdleTracker
+from controlplane.vocabulary.model import GPU, Node
 
 
 class Clock:

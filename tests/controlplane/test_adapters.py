@@ -4,9 +4,9 @@ use or of unknown use; a failed load is shown and not retried; bad input changes
 
 import pytest
 
-from controlplane.adapters import slot_id
-from controlplane.fleet import BadRequest, Conflict
-from controlplane.model import ReplicaState
+from controlplane.rules.adapters import slot_id
+from controlplane.state.fleet import BadRequest, Conflict
+from controlplane.vocabulary.model import ReplicaState
 from tests.controlplane.conftest import ReportingRouter, make_node, spec
 
 

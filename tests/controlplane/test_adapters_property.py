@@ -6,9 +6,9 @@ The rules are written out here, not asked of the code."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.adapters import Adapter, AdapterInputs, held, plan_adapters, slot_id
-from controlplane.idle import IdleState
-from controlplane.model import ModelSpec, Replica, ReplicaState, Slice
+from controlplane.rules.adapters import Adapter, AdapterInputs, held, plan_adapters, slot_id
+from controlplane.vocabulary.idle import IdleState
+from controlplane.vocabulary.model import ModelSpec, Replica, ReplicaState, Slice
 
 
 @st.composite

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from cli.tls import make_certificates
-from controlplane.api import ROUTES
-from controlplane.auth import NODE, PUBLIC
+from controlplane.api.app import ROUTES
+from controlplane.vocabulary.auth import NODE, PUBLIC
 from tests.controlplane.conftest import make_node, spec
 from tests.harness import BIN, call, control_plane, get, wait_until
 
@@ -247,7 +247,7 @@ def test_a_demand_that_is_not_an_object_is_refused_and_changes_nothing(server):
 
 
 def test_an_agent_may_bring_its_own_credential_and_only_its_digest_travels(server):
-    from controlplane.auth import digest, new_credential
+    from controlplane.vocabulary.auth import digest, new_credential
 
     token = new_credential()[0]
     body = {**make_node("n1", gpus=2), "credential_sha256": digest(token)}

@@ -1,6 +1,6 @@
 """Credentials are found by their digest: a map lookup, never a walk of every node's."""
 
-from controlplane.auth import Credentials, digest, identify, new_credential
+from controlplane.vocabulary.auth import Credentials, digest, identify, new_credential
 
 TOKENS = {"admin": "adm-1", "viewer": "vwr-1"}
 

@@ -5,8 +5,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.autoscale import Window, decide, recommend
-from controlplane.model import ModelSpec
+from controlplane.rules.autoscale import Window, decide, recommend
+from controlplane.vocabulary.model import ModelSpec
 
 T0 = 1_000_000.0
 
@@ -153,7 +153,7 @@ def test_queues_inside_the_engines_scale_out_past_what_in_flight_asks():
 def test_target_waiting_is_refused_without_target_in_flight_or_when_not_positive():
     import pytest
 
-    from controlplane.specs import SpecError, validate_spec
+    from controlplane.vocabulary.specs import SpecError, validate_spec
 
     base = {"name": "m", "gpu_class": "H100-80GB", "command": ["x"], "replicas": 1}
     for bad in (0, -1, "3", True, float("inf")):

@@ -2,9 +2,9 @@
 then on, their reports say who still waits. Else a demand that outlived its requests takes
 the cards back from the model that just made way, and two models swap back and forth."""
 
-from controlplane.fleet import Fleet
-from controlplane.idle import IdleTracker
-from controlplane.store import SqliteStore
+from controlplane.state.fleet import Fleet
+from controlplane.state.store import SqliteStore
+from controlplane.vocabulary.idle import IdleTracker
 from tests.controlplane.conftest import Clock, spec
 
 

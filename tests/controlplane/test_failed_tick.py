@@ -7,7 +7,7 @@ import urllib.request
 import orjson
 
 from controlplane import server
-from controlplane.reconciler import Reconciler
+from controlplane.tick.reconciler import Reconciler
 from tests.controlplane.conftest import spec
 from tests.harness import free_port
 

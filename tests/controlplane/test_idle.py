@@ -1,6 +1,6 @@
 import pytest
 
-from controlplane.idle import IdleState, IdleTracker, ReportError
+from controlplane.vocabulary.idle import IdleState, IdleTracker, ReportError
 from tests.controlplane.conftest import Clock
 
 
@@ -159,7 +159,7 @@ def test_malformed_reports_are_refused_and_change_nothing(body, field):
 def test_a_router_loaded_from_the_store_is_silent_until_it_reports():
     # A control plane that restarts, or a standby that takes over, heard nothing yet: a report
     # a second old, made to its predecessor, says nothing of what the router does now.
-    from controlplane.idle import Router, RouterState
+    from controlplane.vocabulary.idle import Router, RouterState
 
     clock = Clock()
     before = IdleTracker(clock=clock, live_window_s=10)

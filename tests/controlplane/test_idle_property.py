@@ -13,7 +13,7 @@ count here once that incarnation has reported (before or after them).
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from controlplane.idle import IdleState, IdleTracker
+from controlplane.vocabulary.idle import IdleState, IdleTracker
 from tests.controlplane.conftest import Clock
 
 LEASE = 10.0

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from controlplane.idle import IdleState
-from controlplane.lease import RENEW, Lease
-from controlplane.pgstore import FENCE, PostgresStore, connect_pool, migrate
 from controlplane.server import Settings, begin_term
+from controlplane.state.lease import RENEW, Lease
+from controlplane.state.pgstore import FENCE, PostgresStore, connect_pool, migrate
+from controlplane.vocabulary.idle import IdleState
 
 HOUR = 3600.0
 SETTINGS = Settings("127.0.0.1", 0, "postgresql://", {}, node_timeout_s=3600.0)

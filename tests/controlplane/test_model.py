@@ -1,6 +1,6 @@
 import pytest
 
-from controlplane.specs import SpecError, parse_duration, validate_spec
+from controlplane.vocabulary.specs import SpecError, parse_duration, validate_spec
 from tests.controlplane.conftest import spec
 
 

@@ -6,7 +6,15 @@ from dataclasses import asdict, fields
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Schedulable, Slice
+from controlplane.vocabulary.model import (
+    GPU,
+    ModelSpec,
+    Node,
+    Replica,
+    ReplicaState,
+    Schedulable,
+    Slice,
+)
 
 text = st.text(max_size=8)
 gpus = st.builds(GPU, st.integers(0, 15), text, text, st.integers(0, 10**6), st.booleans(), text)

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.agent.agent import NodeAgent
-from controlplane.pacing import MISSED, HeartbeatPacing
-from controlplane.reconciler import Reconciler
+from controlplane.rules.pacing import MISSED, HeartbeatPacing
+from controlplane.tick.reconciler import Reconciler
 from tests.controlplane.conftest import make_node
 from tests.harness import BIN, call, control_plane
 

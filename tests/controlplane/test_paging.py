@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.paging import MAX_LIMIT, BadPage, page, token_after
+from controlplane.api.paging import MAX_LIMIT, BadPage, page, token_after
 
 
 def by_name(row):

@@ -1,8 +1,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.model import GPU, ModelSpec, Node, Schedulable
-from controlplane.placement import eligible, place
+from controlplane.rules.placement import eligible, place
+from controlplane.vocabulary.model import GPU, ModelSpec, Node, Schedulable
 from tests.controlplane.conftest import node_obj
 
 CLASSES = ["H100-80GB", "A100-80GB"]

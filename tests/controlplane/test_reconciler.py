@@ -1,5 +1,5 @@
-from controlplane.idle import IdleState
-from controlplane.model import ReplicaState, Schedulable
+from controlplane.vocabulary.idle import IdleState
+from controlplane.vocabulary.model import ReplicaState, Schedulable
 from tests.controlplane.conftest import make_node, spec
 
 
@@ -175,7 +175,7 @@ def test_a_multi_node_replica_gets_ranks_and_one_leader(make_fleet):
 
 
 def test_a_replica_on_a_failed_gpu_is_degraded_then_replaced(make_fleet):
-    from controlplane.summary import replica_rows, summary
+    from controlplane.views.summary import replica_rows, summary
 
     fleet, reconciler = make_fleet()
     fleet.register(make_node("n1", gpus=2))

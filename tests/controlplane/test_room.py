@@ -6,9 +6,17 @@ from itertools import combinations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.idle import IdleState
-from controlplane.model import GPU, HOLDING, ModelSpec, Node, Replica, ReplicaState, Slice
-from controlplane.room import RoomInputs, plan_room
+from controlplane.rules.room import RoomInputs, plan_room
+from controlplane.vocabulary.idle import IdleState
+from controlplane.vocabulary.model import (
+    GPU,
+    HOLDING,
+    ModelSpec,
+    Node,
+    Replica,
+    ReplicaState,
+    Slice,
+)
 
 NOW = 1_000_000.0
 CLASS = "H100-80GB"

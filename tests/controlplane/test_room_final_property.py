@@ -11,9 +11,9 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.idle import IdleState
-from controlplane.model import GPU, HOLDING, Node, ReplicaState
-from controlplane.room import RoomInputs, plan_room
+from controlplane.rules.room import RoomInputs, plan_room
+from controlplane.vocabulary.idle import IdleState
+from controlplane.vocabulary.model import GPU, HOLDING, Node, ReplicaState
 from tests.controlplane.test_room import CLASS, NOW, model, replica
 
 LEAVING = {ReplicaState.RETIRING, ReplicaState.STOPPING}

@@ -2,7 +2,7 @@
 given up when nobody waits any more, when room comes free elsewhere first, and when the
 victims have not stopped by the room timeout (a silent router holds one)."""
 
-from controlplane.model import ReplicaState
+from controlplane.vocabulary.model import ReplicaState
 from tests.controlplane.conftest import make_node, spec
 from tests.controlplane.test_reconciler import ready_all
 

@@ -2,7 +2,7 @@
 withdrawn, and it stops only once every live router has dropped it and has nothing in flight
 on it. Scaling down, a re-apply, a drain and a replacement included."""
 
-from controlplane.model import ReplicaState, Schedulable
+from controlplane.vocabulary.model import ReplicaState, Schedulable
 from tests.controlplane.conftest import make_node, spec
 from tests.controlplane.test_reconciler import ready_all
 

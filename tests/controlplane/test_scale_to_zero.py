@@ -3,9 +3,9 @@ stop (route first, then only once no router holds it), and waking on demand."""
 
 import pytest
 
-from controlplane.fleet import BadRequest
-from controlplane.model import ReplicaState
-from controlplane.scaling import stop_idle
+from controlplane.rules.scaling import stop_idle
+from controlplane.state.fleet import BadRequest
+from controlplane.vocabulary.model import ReplicaState
 from tests.controlplane.conftest import make_node, spec
 from tests.controlplane.test_reconciler import ready_all
 

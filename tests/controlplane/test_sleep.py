@@ -4,9 +4,9 @@ sleep (unknown use, no host memory) stays awake."""
 
 import pytest
 
-from controlplane.fleet import BadRequest
-from controlplane.model import ReplicaState
-from controlplane.summary import replica_rows
+from controlplane.state.fleet import BadRequest
+from controlplane.views.summary import replica_rows
+from controlplane.vocabulary.model import ReplicaState
 from tests.controlplane.conftest import ReportingRouter, make_node, spec
 
 HOST_MB = 2 * 1024 * 1024  # 2 TiB, as an 8-GPU node has

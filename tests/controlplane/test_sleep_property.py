@@ -6,10 +6,10 @@ the code."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.idle import IdleState
-from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
-from controlplane.room import RoomInputs
-from controlplane.sleep import plan_idle, plan_wake
+from controlplane.rules.room import RoomInputs
+from controlplane.rules.sleep import plan_idle, plan_wake
+from controlplane.vocabulary.idle import IdleState
+from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
 
 NOW = 1_000_000.0
 CLASS = "H100-80GB"

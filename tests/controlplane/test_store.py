@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 
-from controlplane.lease import Lease
-from controlplane.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
-from controlplane.pgstore import PostgresStore, connect_pool, migrate
-from controlplane.store import MIGRATIONS, OutcomeUnknown, SqliteStore, StoreUnavailable
+from controlplane.state.lease import Lease
+from controlplane.state.pgstore import PostgresStore, connect_pool, migrate
+from controlplane.state.store import MIGRATIONS, OutcomeUnknown, SqliteStore, StoreUnavailable
+from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
 
 
 class SqliteStores:

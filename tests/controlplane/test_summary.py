@@ -3,9 +3,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.fleet import FleetSnapshot
-from controlplane.idle import IdleState, IdleTracker
-from controlplane.model import (
+from controlplane.state.fleet import FleetSnapshot
+from controlplane.views.summary import node_rows, replica_rows, summary
+from controlplane.vocabulary.idle import IdleState, IdleTracker
+from controlplane.vocabulary.model import (
     GPU,
     HOLDING,
     ModelSpec,
@@ -15,7 +16,6 @@ from controlplane.model import (
     Schedulable,
     Slice,
 )
-from controlplane.summary import node_rows, replica_rows, summary
 
 CLASSES = ["H100-80GB", "A100-80GB", "L40S-48GB"]
 
@@ -150,8 +150,8 @@ def test_a_snapshot_is_one_moment_even_as_a_router_falls_silent(tmp_path):
     """A router whose lease runs out while a snapshot is taken is live in every view of that
     snapshot or silent in every one: the summary never counts it silent with no replica
     unknown because of it (or a replica unknown with no silent router)."""
-    from controlplane.fleet import Fleet
-    from controlplane.store import SqliteStore
+    from controlplane.state.fleet import Fleet
+    from controlplane.state.store import SqliteStore
     from tests.controlplane.conftest import make_node
 
     start = 1_000_000.0
@@ -196,7 +196,7 @@ def capacity_from_rows(snap) -> dict:
 
 
 def test_a_node_kept_from_the_last_summary_is_counted_again_once_it_changes(make_fleet):
-    # The summary keeps each node's shape across snapshots (controlplane/shapes.py); every
+    # The summary keeps each node's shape across snapshots (controlplane/views/shapes.py); every
     # kind of change to a node must still reach the next summary.
     from tests.controlplane.conftest import make_node, spec
 

@@ -10,10 +10,10 @@ from collections import Counter
 
 import pytest
 
-from controlplane.fleet import Fleet
-from controlplane.idle import IdleTracker
-from controlplane.reconciler import Reconciler
-from controlplane.store import SqliteStore
+from controlplane.state.fleet import Fleet
+from controlplane.state.store import SqliteStore
+from controlplane.tick.reconciler import Reconciler
+from controlplane.vocabulary.idle import IdleTracker
 from tests.controlplane.conftest import Clock, make_node, spec
 
 STEP_S = 0.25

@@ -5,7 +5,7 @@ import gc
 import weakref
 
 from controlplane.server import Settings, begin_term
-from controlplane.store import SqliteStore
+from controlplane.state.store import SqliteStore
 from tests.controlplane.conftest import make_node, spec
 
 

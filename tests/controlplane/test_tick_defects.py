@@ -3,7 +3,7 @@ tick before it was taken apart into steps and one executor."""
 
 import time
 
-from controlplane.model import ReplicaState, Schedulable
+from controlplane.vocabulary.model import ReplicaState, Schedulable
 from tests.controlplane.conftest import make_node, spec
 from tests.controlplane.test_reconciler import ready_all
 from tests.controlplane.test_safe_stop import report, serving, states
@@ -155,7 +155,7 @@ class CountingDict(dict):
 
 
 def test_demand_and_the_idle_plan_look_at_their_models_replicas_only(make_fleet):
-    from controlplane.scaling import plan_stop_idle
+    from controlplane.rules.scaling import plan_stop_idle
 
     fleet, reconciler = make_fleet()
     fleet.register(make_node("n1"))
@@ -170,12 +170,12 @@ def test_demand_and_the_idle_plan_look_at_their_models_replicas_only(make_fleet)
 
 
 def test_a_step_reads_a_view_built_without_a_fleet():
-    from controlplane.actions import Place
-    from controlplane.fleet import parse_node
-    from controlplane.idle import IdleTracker
-    from controlplane.specs import validate_spec
-    from controlplane.steps.models import models
-    from controlplane.view import FleetView
+    from controlplane.rules.view import FleetView
+    from controlplane.state.fleet import parse_node
+    from controlplane.tick.steps.models import models
+    from controlplane.vocabulary.actions import Place
+    from controlplane.vocabulary.idle import IdleTracker
+    from controlplane.vocabulary.specs import validate_spec
 
     node = parse_node(make_node("n1", gpus=2))
     node.last_heartbeat = time.monotonic()

@@ -19,12 +19,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.fleet import Fleet
-from controlplane.idle import IdleTracker
-from controlplane.model import ReplicaState, Schedulable
-from controlplane.reconciler import Reconciler
-from controlplane.store import SqliteStore
-from controlplane.summary import model_rows, replica_rows, summary
+from controlplane.state.fleet import Fleet
+from controlplane.state.store import SqliteStore
+from controlplane.tick.reconciler import Reconciler
+from controlplane.views.summary import model_rows, replica_rows, summary
+from controlplane.vocabulary.idle import IdleTracker
+from controlplane.vocabulary.model import ReplicaState, Schedulable
 from tests.controlplane.conftest import Clock, make_node, spec
 
 LEASE_S = 10.0

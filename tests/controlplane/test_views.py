@@ -3,8 +3,8 @@
 import asyncio
 import threading
 
-from controlplane.summary import summary
-from controlplane.views import Views
+from controlplane.views.cache import Views
+from controlplane.views.summary import summary
 from tests.controlplane.conftest import make_node
 
 

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.tenantshares import FLOOR_SHARE, by_demand, split
+from controlplane.rules.tenantshares import FLOOR_SHARE, by_demand, split
 from router.fairqueue import FairQueue
 from router.tenants import (
     ADMITTED,

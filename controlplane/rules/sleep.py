@@ -1,0 +1,393 @@
+"""Sleeping engines: which replicas to put to sleep, wake or stop, as pure steps over one
+snapshot, beside placement (placement.py) and making room (room.py).
+
+A sleeping engine keeps its process and a small reserve of its cards' memory; at level 1 its
+weights wait in its node's host memory. So a card holds one awake replica and any sleepers
+whose reserves fit beside it, and a swap costs a wake instead of a cold start.
+
+| the fleet, for model M                                  | the step's answer                  |
+|---------------------------------------------------------|------------------------------------|
+| a Ready replica of M idle past `sleep.after`, M above   | put it to sleep (`plan_idle`), if  |
+| min_replicas, known use, nothing in flight, resident    | its node has the host memory       |
+| a sleeper of M idle past `scale_to_zero_after`          | stop it (`plan_idle`)              |
+| requests wait for M; a sleeper of M on cards nobody     | wake it (`plan_wake`)              |
+| holds awake, its memory fits beside the other sleepers  |                                    |
+| the same, but another replica is awake on those cards   | that one sleeps (or stops) first;  |
+| and may be taken (room.py's victim rules)               | the cards are kept for the wake    |
+| only replicas in use, unknown, young or protected stand | M waits; the reason names each one |
+| a victim of making room whose model sleeps, its node    | it sleeps rather than stops        |
+| with the host memory (`victim_moves`)                   |                                    |
+| host memory short for that                              | a level-1 sleeper there stops      |
+| an awake engine would not fit beside a card's sleepers  | sleepers there stop, the largest   |
+| (`memory_stops`)                                        | reserve first: nobody uses them    |
+
+Sleepers' idleness: nothing can route to a sleeper, so it stays as idle as it was when it fell
+asleep, plus the time it has slept: a known lower bound, never `unknown`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from controlplane.rules.placement import eligible, fits_beside
+from controlplane.rules.room import RoomInputs, residency, why_not
+from controlplane.vocabulary.idle import IdleState
+from controlplane.vocabulary.model import HOLDING, ModelSpec, Node, Replica, ReplicaState
+from controlplane.vocabulary.specs import format_duration as duration
+
+Gpu = tuple[str, int]
+# A fleet-driven sleeper: its memory is its reserve, its card is free for an awake replica.
+SLEEPER_STATES = {ReplicaState.SLEEPING, ReplicaState.ASLEEP}
+
+
+def holds_card(replica: Replica) -> bool:
+    """Whether `replica` keeps its cards from any other awake replica: awake, or on its way
+    to or from sleep with its engine still holding them."""
+    if replica.state == ReplicaState.SLEEPING:
+        return replica.sleep == 0  # still awake: its routers are dropping it
+    return replica.state in HOLDING
+
+
+def is_sleeper(replica: Replica) -> bool:
+    """A replica whose cards' memory it keeps only its reserve of (or will, once asleep)."""
+    return replica.state in SLEEPER_STATES
+
+
+def card_mb(nodes: dict[str, Node], gpu: Gpu) -> int:
+    node = nodes.get(gpu[0])
+    if node is None:
+        return 0
+    return next((g.memory_mb for g in node.gpus if g.index == gpu[1]), 0)
+
+
+@dataclass
+class Memory:
+    """What sleepers keep: GPU memory per card, host memory per node (MiB)."""
+
+    reserve: dict[Gpu, int] = field(default_factory=lambda: defaultdict(int))
+    sleepers_on: dict[Gpu, list[Replica]] = field(default_factory=lambda: defaultdict(list))
+    host_used: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
+        for piece in replica.placement:
+            for index in piece.gpus:
+                gpu = (piece.node, index)
+                self.reserve[gpu] += spec.asleep_mb()
+                self.sleepers_on[gpu].append(replica)
+                self.host_used[piece.node] += spec.host_mb(card_mb(nodes, gpu))
+
+    def copy(self) -> Memory:
+        copy = Memory()
+        copy.reserve.update(self.reserve)
+        copy.host_used.update(self.host_used)
+        copy.sleepers_on.update({gpu: list(on) for gpu, on in self.sleepers_on.items()})
+        return copy
+
+    def remove(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
+        for piece in replica.placement:
+            for index in piece.gpus:
+                gpu = (piece.node, index)
+                self.reserve[gpu] -= spec.asleep_mb()
+                self.sleepers_on[gpu] = [r for r in self.sleepers_on[gpu] if r.id != replica.id]
+                self.host_used[piece.node] -= spec.host_mb(card_mb(nodes, gpu))
+
+
+def memory_of(replicas: list[Replica], specs: dict[str, ModelSpec], nodes) -> Memory:
+    memory = Memory()
+    for replica in replicas:
+        spec = specs.get(replica.model)
+        if spec is not None and is_sleeper(replica):
+            memory.add(replica, spec, nodes)
+    return memory
+
+
+def fits_awake(spec: ModelSpec, gpu: Gpu, nodes: dict[str, Node], reserve: int) -> bool:
+    """Whether an awake engine of `spec` fits on `gpu` beside `reserve` MiB of sleepers."""
+    return fits_beside(card_mb(nodes, gpu), reserve, spec.gpu_memory_mb)
+
+
+def host_short(replica: Replica, spec: ModelSpec, nodes: dict[str, Node], memory: Memory) -> dict:
+    """node -> MiB of host memory missing for `replica` to sleep at its level ({}: it fits)."""
+    short = {}
+    for piece in replica.placement:
+        node = nodes.get(piece.node)
+        need = sum(spec.host_mb(card_mb(nodes, (piece.node, i))) for i in piece.gpus)
+        if not need:
+            continue
+        total = node.host_memory_mb if node is not None else 0
+        missing = memory.host_used[piece.node] + need - total
+        if missing > 0:
+            short[piece.node] = missing
+    return short
+
+
+def sleeper_idle(replica: Replica, now: float) -> float:
+    """Seconds a sleeper has gone unused: as idle as when it fell asleep, plus its sleep."""
+    return replica.idle_at_sleep + max(0.0, now - replica.slept_at)
+
+
+@dataclass
+class Move:
+    replica: Replica | None  # None only for "blocked"
+    action: str  # "sleep" | "stop" | "blocked": this plan cannot be made
+    why: str
+
+
+@dataclass
+class SleepPlan:
+    moves: list[Move] = field(default_factory=list)
+
+
+def plan_idle(inputs: RoomInputs, woken_at: dict[str, float]) -> SleepPlan:
+    """Replicas idle past their model's `sleep.after` go to sleep; sleepers idle past
+    `scale_to_zero_after` stop. Neither takes a model below its min_replicas, nor touches a
+    model that requests woke less than that long ago."""
+    plan = SleepPlan()
+    nodes = {n.name: n for n in inputs.nodes}
+    memory = memory_of(inputs.replicas, inputs.specs, nodes)
+    by_model: dict[str, list[Replica]] = defaultdict(list)
+    for replica in inputs.replicas:
+        by_model[replica.model].append(replica)
+    for name, spec in sorted(inputs.specs.items()):
+        mine = by_model.get(name, [])
+        woke = woken_at.get(name)
+        if spec.sleeps and spec.sleep_after_s is not None:
+            if not (woke and inputs.now - woke < spec.sleep_after_s):
+                plan.moves += _idle_sleeps(spec, mine, inputs, nodes, memory)
+        if spec.scale_to_zero_after_s is not None:
+            if not (woke and inputs.now - woke < spec.scale_to_zero_after_s):
+                plan.moves += _sleeper_stops(spec, mine, inputs)
+    return plan
+
+
+def _idle_sleeps(spec, mine, inputs: RoomInputs, nodes, memory: Memory) -> list[Move]:
+    ready = [r for r in mine if r.state == ReplicaState.READY]
+    may = len(ready) - spec.floor
+    if may <= 0:
+        return []
+    candidates = []
+    for replica in ready:
+        seconds, state = inputs.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
+        if state == IdleState.UNKNOWN or seconds < spec.sleep_after_s:
+            continue
+        if inputs.in_flight.get(replica.id, 0):
+            continue
+        if inputs.now - replica.ready_at < residency(spec, inputs.default_residency_s):
+            continue
+        candidates.append((seconds, replica))
+    moves = []
+    for seconds, replica in sorted(candidates, key=lambda c: (-c[0], c[1].id))[:may]:
+        if host_short(replica, spec, nodes, memory):
+            continue  # it stays awake; scale to zero may stop it later
+        memory.add(replica, spec, nodes)
+        bound = "≥" if inputs.idle[replica.id][1] == IdleState.AT_LEAST else ""
+        moves.append(Move(replica, "sleep", f"idle {bound}{duration(seconds)}"))
+    return moves
+
+
+def _sleeper_stops(spec, mine, inputs: RoomInputs) -> list[Move]:
+    may = inputs.desired.get(spec.name, spec.replicas) - spec.floor
+    asleep = [r for r in mine if r.state == ReplicaState.ASLEEP and r.sleep]
+    idle = sorted(((sleeper_idle(r, inputs.now), r) for r in asleep), key=lambda c: -c[0])
+    return [
+        Move(r, "stop", f"asleep and idle ≥{duration(seconds)}")
+        for seconds, r in idle[: max(0, may)]
+        if seconds >= spec.scale_to_zero_after_s
+    ]
+
+
+@dataclass
+class WakePlan:
+    replica: Replica | None  # the sleeper to wake (now, or once `moves` are done)
+    moves: list[Move] = field(default_factory=list)  # what must sleep or stop first
+    blockers: list[str] = field(default_factory=list)  # why no sleeper can wake yet
+    final: bool = False  # what blocks every sleeper holds for good (priority, min_replicas)
+
+    @property
+    def now(self) -> bool:
+        return self.replica is not None and not self.moves
+
+    @property
+    def reason(self) -> str:
+        shown = "; ".join(self.blockers[:4])
+        more = len(self.blockers) - 4
+        return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def plan_wake(waiting: ModelSpec, inputs: RoomInputs) -> WakePlan:
+    """The sleeper of `waiting` cheapest to wake: one whose cards are free first, else one
+    whose cards' awake occupants may be taken (put to sleep where they can, else stopped),
+    fewest stops first, then the fewest moves; or why none can wake yet."""
+    nodes = {n.name: n for n in inputs.nodes}
+    specs = inputs.specs
+    memory = memory_of(inputs.replicas, specs, nodes)
+    holders: dict[Gpu, Replica] = {
+        (piece.node, index): r
+        for r in inputs.replicas
+        if holds_card(r)
+        for piece in r.placement
+        for index in piece.gpus
+    }
+    sleepers = sorted(
+        (
+            r
+            for r in inputs.replicas
+            if r.model == waiting.name and r.state == ReplicaState.ASLEEP and r.sleep
+        ),
+        key=lambda r: (-r.slept_at, r.id),  # the most recent sleeper first: warmest caches
+    )
+    best: tuple[tuple, WakePlan] | None = None
+    blockers: list[str] = []
+    final = True
+    for sleeper in sleepers:
+        plan = _wake_one(sleeper, waiting, inputs, nodes, memory, holders)
+        if plan.replica is None:
+            blockers += plan.blockers
+            final = final and plan.final
+            continue
+        stops = sum(1 for m in plan.moves if m.action == "stop")
+        key = (stops, len(plan.moves), sleeper.id)
+        if best is None or key < best[0]:
+            best = (key, plan)
+    if best is not None:
+        return best[1]
+    return WakePlan(None, blockers=sorted(set(blockers)), final=final)
+
+
+def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holders) -> WakePlan:
+    gpus = [(piece.node, i) for piece in sleeper.placement for i in piece.gpus]
+    if any(g in inputs.reserved and inputs.reserved[g] != waiting.name for g in gpus):
+        return WakePlan(None, blockers=[f"{sleeper.id}: its GPUs are kept for another model"])
+    node_down = [p.node for p in sleeper.placement if not _usable(nodes.get(p.node))]
+    if node_down:
+        blocker = f"{sleeper.id}: node {node_down[0]} is not usable"
+        return WakePlan(None, blockers=[blocker], final=True)
+    occupants = {holders[g].id: holders[g] for g in gpus if g in holders}
+    blockers, takeable, final = [], [], True
+    for occupant in occupants.values():
+        if occupant.model == waiting.name:
+            blockers.append(f"{sleeper.id}: its cards serve {waiting.name} awake already")
+            continue
+        blocker = why_not(occupant, waiting, inputs)
+        if blocker is None:
+            takeable.append(occupant)
+        else:
+            blockers.append(str(blocker))
+            final = final and blocker.permanent
+    if blockers:
+        return WakePlan(None, blockers=blockers, final=final)
+    trial = memory.copy()
+    trial.remove(sleeper, inputs.specs[sleeper.model], nodes)
+    moves = victim_moves(takeable, f"to wake {sleeper.id}", inputs, trial)
+    moves = settled(moves + memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id}))
+    if any(m.action == "blocked" for m in moves):
+        blocked = [m.why for m in moves if m.action == "blocked"]
+        return WakePlan(None, blockers=blocked, final=True)
+    return WakePlan(sleeper, moves)
+
+
+def settled(moves: list[Move]) -> list[Move]:
+    """A victim planned to sleep whose reserve then had to go too simply stops."""
+    stopped = {m.replica.id for m in moves if m.action == "stop" and m.replica is not None}
+    return [m for m in moves if not (m.action == "sleep" and m.replica.id in stopped)]
+
+
+def _usable(node: Node | None) -> bool:
+    return node is not None and eligible(node)
+
+
+def victim_moves(
+    victims: list[Replica], purpose: str, inputs: RoomInputs, memory: Memory | None = None
+) -> list[Move]:
+    """What each victim of making room does: sleep where its model sleeps and its node has
+    the host memory (a level-1 sleeper of another model on that node stopping for it, if need
+    be), else stop. `memory` is updated with the sleeps planned."""
+    nodes = {n.name: n for n in inputs.nodes}
+    if memory is None:
+        memory = memory_of(inputs.replicas, inputs.specs, nodes)
+    moves: list[Move] = []
+    for victim in victims:
+        spec = inputs.specs.get(victim.model)
+        if spec is None or not spec.sleeps:
+            moves.append(Move(victim, "stop", f"stopped {purpose}"))
+            continue
+        short = host_short(victim, spec, nodes, memory)
+        freeing = _host_freeing_stops(short, inputs, memory, nodes) if short else []
+        if short and freeing is None:
+            moves.append(Move(victim, "stop", f"stopped {purpose} (no host memory to sleep)"))
+            continue
+        for move in freeing or []:
+            memory.remove(move.replica, inputs.specs[move.replica.model], nodes)
+            moves.append(move)
+        memory.add(victim, spec, nodes)
+        moves.append(Move(victim, "sleep", f"put to sleep {purpose}"))
+    return moves
+
+
+def _host_freeing_stops(short: dict, inputs: RoomInputs, memory: Memory, nodes) -> list | None:
+    """Level-1 sleepers to stop, longest idle first, so that `short` MiB of host memory come
+    free on each node; None when they cannot."""
+    moves = []
+    for node, missing in short.items():
+        sleepers = {
+            r.id: r
+            for gpu, on in memory.sleepers_on.items()
+            if gpu[0] == node
+            for r in on
+            if r.state == ReplicaState.ASLEEP and inputs.specs[r.model].sleep_level == 1
+        }
+        for sleeper in sorted(sleepers.values(), key=lambda r: -sleeper_idle(r, inputs.now)):
+            if missing <= 0:
+                break
+            spec = inputs.specs[sleeper.model]
+            if not _may_lose_one(spec, inputs):
+                continue
+            freed = sum(
+                spec.host_mb(card_mb(nodes, (p.node, i)))
+                for p in sleeper.placement
+                if p.node == node
+                for i in p.gpus
+            )
+            moves.append(Move(sleeper, "stop", "stopped asleep to free host memory"))
+            missing -= freed
+        if missing > 0:
+            return None
+    return moves
+
+
+def _may_lose_one(spec: ModelSpec, inputs: RoomInputs) -> bool:
+    return inputs.desired.get(spec.name, spec.replicas) > spec.floor
+
+
+def memory_stops(
+    spec: ModelSpec,
+    gpus: list[Gpu],
+    inputs: RoomInputs,
+    memory: Memory,
+    keep: frozenset | set = frozenset(),
+) -> list[Move]:
+    """Sleepers to stop, largest reserve first, so that an awake engine of `spec` fits on each
+    of `gpus`; a Move "blocked" when one cannot be (its model at min_replicas)."""
+    nodes = {n.name: n for n in inputs.nodes}
+    moves: list[Move] = []
+    stopped: set[str] = set()
+    for gpu in gpus:
+        on = [r for r in memory.sleepers_on.get(gpu, []) if r.id not in keep]
+        on.sort(key=lambda r: (-inputs.specs[r.model].asleep_mb(), r.id))
+        while not fits_awake(spec, gpu, nodes, memory.reserve[gpu]):
+            if not on:
+                moves.append(Move(None, "blocked", f"GPU {gpu[1]} on {gpu[0]} is too small"))
+                return moves
+            sleeper = on.pop(0)
+            if sleeper.id in stopped:
+                continue
+            other = inputs.specs[sleeper.model]
+            if not _may_lose_one(other, inputs):
+                why = f"{sleeper.id}: asleep, min_replicas {other.floor} keeps it"
+                moves.append(Move(None, "blocked", why))
+                return moves
+            memory.remove(sleeper, other, nodes)
+            stopped.add(sleeper.id)
+            moves.append(Move(sleeper, "stop", f"stopped asleep to make room for {spec.name}"))
+    return moves

@@ -1,0 +1,263 @@
+"""Each tenant's per-minute budget split among the live routers, and usage per tenant.
+
+Routers report, per tenant, what they were asked for (requests and tokens, admitted or not:
+a router held to a small share must still show what it could use) and what they served, as
+counters since they started. The ledger turns the counters into rates and into minute buckets
+of usage, and splits each limit:
+
+    share(router) = floor + by_demand(limit - floors, demand(router) - floor)
+
+by_demand: in proportion to demand when the routers together ask for more than the rest, else
+each its demand and the spare spread evenly.
+where floor = min(2% of the limit, limit / routers). Shares add up to the limit. A router the
+table does not name (it has not reported yet) takes the floor, and so does a router whose
+share's lease ran out (it lost the control plane): the fleet-wide rate exceeds the limit by
+at most the floors of the routers not in the split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from controlplane.vocabulary.idle import ReportError
+
+FLOOR_SHARE = 0.02
+SHARE_LEASE_S = 15.0  # a router keeps its share this long after last hearing the table
+DEMAND_SMOOTHING = 0.5  # weight of the newest rate in the moving average
+ROUTER_GONE_S = 30.0  # a router not heard from this long leaves the split
+SHARE_CHANGE = 0.02  # of the limit: smaller moves are not worth a new table version
+USAGE_KEPT_S = 24 * 3600.0
+# Usage counters per (tenant, model), in this order, in reports and in minute buckets.
+USAGE_FIELDS = (
+    "requests",
+    "errors",
+    "rate_limited",
+    "prompt_tokens",
+    "completion_tokens",
+    "queue_wait_s",
+)
+
+
+def floor_of(limit: float, routers: int) -> float:
+    return min(limit * FLOOR_SHARE, limit / max(routers, 1))
+
+
+def split(limit: float, demands: dict[str, float]) -> dict[str, float]:
+    """Each router's per-minute share of `limit` from its demand (per minute)."""
+    if not demands:
+        return {}
+    floor = floor_of(limit, len(demands))
+    rest = max(0.0, limit - floor * len(demands))
+    wants = {router: max(0.0, demand - floor) for router, demand in demands.items()}
+    return {router: floor + given for router, given in by_demand(rest, wants).items()}
+
+
+def by_demand(capacity: float, wants: dict[str, float]) -> dict[str, float]:
+    """In proportion to what each wants when together they want more than `capacity`; else
+    what each wants, and what nobody wants spread evenly, so that a router's next burst finds
+    room."""
+    wanted = sum(wants.values())
+    if wanted > capacity:
+        return {key: capacity * want / wanted for key, want in wants.items()}
+    spare = (capacity - wanted) / len(wants)
+    return {key: want + spare for key, want in wants.items()}
+
+
+class TenantLedger:
+    """What routers report per tenant: demand rates per router, usage in minute buckets."""
+
+    def __init__(self) -> None:
+        # router -> (incarnation, wall time, {tenant: {"demand": [...], "usage": {...}}})
+        self.last: dict[str, tuple[str, float, dict]] = {}
+        self.demand: dict[str, dict[str, list[float]]] = {}  # tenant -> router -> [rpm, tpm]
+        self.minutes: deque = deque()  # (minute start, {(tenant, model): [USAGE_FIELDS]})
+        self.keys_used: dict[str, float] = {}  # key id -> wall time last used
+        self.published: dict[str, dict[str, list[float]]] = {}  # tenant -> router -> shares
+
+    def check(self, body) -> dict:
+        """A report's `tenants` and `keys_used` parsed, or ReportError naming the field."""
+        if not isinstance(body, dict):
+            return {}
+        keys = body.get("keys_used", {})
+        if not isinstance(keys, dict) or not all(
+            isinstance(k, str) and _number(v) for k, v in keys.items()
+        ):
+            raise ReportError("keys_used", "expected {key id: wall time}")
+        return parse_tenants(body.get("tenants", {}))
+
+    def report(self, body: dict, counters: dict, now: float) -> None:
+        """Take one router's report, checked: its tenants' `counters` from `check`."""
+        router, incarnation = body["router"], body.get("incarnation", "")
+        for key_id, at in body.get("keys_used", {}).items():
+            self.keys_used[key_id] = max(at, self.keys_used.get(key_id, 0.0))
+        previous = self.last.get(router)
+        self.last[router] = (incarnation, now, counters)
+        if previous is None or previous[0] != incarnation:
+            before, since = {}, None  # counters start from zero with each incarnation
+        else:
+            before, since = previous[2], previous[1]
+        bucket = self._bucket(now)
+        for tenant, now_counts in counters.items():
+            was = before.get(tenant, {"demand": [0.0, 0.0], "usage": {}})
+            if since is not None and now > since:
+                per_minute = 60.0 / (now - since)
+                rates = [
+                    max(0.0, a - b) * per_minute
+                    for a, b in zip(now_counts["demand"], was["demand"], strict=True)
+                ]
+                kept = self.demand.setdefault(tenant, {}).get(router)
+                if kept is not None:
+                    rates = [
+                        DEMAND_SMOOTHING * r + (1 - DEMAND_SMOOTHING) * k
+                        for r, k in zip(rates, kept, strict=True)
+                    ]
+                self.demand[tenant][router] = rates
+            for model, values in now_counts["usage"].items():
+                old = was["usage"].get(model, [0.0] * len(USAGE_FIELDS))
+                into = bucket.setdefault((tenant, model), [0.0] * len(USAGE_FIELDS))
+                for i, (a, b) in enumerate(zip(values, old, strict=True)):
+                    into[i] += a - b if a >= b else a  # counters that went back restarted
+        self._forget_old(now)
+
+    def _bucket(self, now: float) -> dict:
+        minute = math.floor(now / 60.0) * 60.0
+        if not self.minutes or self.minutes[-1][0] != minute:
+            self.minutes.append((minute, {}))
+        return self.minutes[-1][1]
+
+    def _forget_old(self, now: float) -> None:
+        while self.minutes and self.minutes[0][0] < now - USAGE_KEPT_S:
+            self.minutes.popleft()
+        for router in [r for r, (_, at, _) in self.last.items() if now - at > ROUTER_GONE_S]:
+            del self.last[router]
+            for per_router in self.demand.values():
+                per_router.pop(router, None)
+
+    def forget_tenant(self, tenant: str) -> None:
+        self.demand.pop(tenant, None)
+        self.published.pop(tenant, None)
+
+    def usage(self, since_s: float, now: float) -> list[dict]:
+        """Rows per (tenant, model) over the last `since_s` seconds, by tenant then model."""
+        totals: dict[tuple[str, str], list[float]] = {}
+        for minute, bucket in self.minutes:
+            if minute + 60.0 <= now - since_s:
+                continue
+            for key, values in bucket.items():
+                into = totals.setdefault(key, [0.0] * len(USAGE_FIELDS))
+                for i, value in enumerate(values):
+                    into[i] += value
+        return [
+            {"tenant": tenant, "model": model, **usage_row(values)}
+            for (tenant, model), values in sorted(totals.items())
+        ]
+
+    def shares(self, tenant: str, rpm: int | None, tpm: int | None) -> dict[str, list]:
+        """router -> [requests share, tokens share] per minute (None: that limit is off), moved
+        only when a router's share changed by more than SHARE_CHANGE of the limit."""
+        demands = self.demand.get(tenant, {})
+        routers = sorted(self.last)
+        if not routers or (rpm is None and tpm is None):
+            self.published.pop(tenant, None)
+            return {}
+        asked = {r: demands.get(r, [0.0, 0.0]) for r in routers}
+        by_requests = split(rpm, {r: asked[r][0] for r in routers}) if rpm else {}
+        by_tokens = split(tpm, {r: asked[r][1] for r in routers}) if tpm else {}
+        fresh = {r: [by_requests.get(r), by_tokens.get(r)] for r in routers}
+        old = self.published.get(tenant, {})
+        if old.keys() == fresh.keys() and all(
+            _close(old[r][0], fresh[r][0], rpm) and _close(old[r][1], fresh[r][1], tpm)
+            for r in routers
+        ):
+            return old
+        rounded = {r: [_round(v) for v in values] for r, values in fresh.items()}
+        self.published[tenant] = rounded
+        return rounded
+
+
+def _close(old, new, limit) -> bool:
+    if old is None or new is None:
+        return old is new
+    return abs(old - new) <= SHARE_CHANGE * limit
+
+
+def _round(value):
+    return None if value is None else round(value, 3)
+
+
+def usage_row(values: list[float]) -> dict:
+    row = dict(zip(USAGE_FIELDS, values, strict=True))
+    for name in USAGE_FIELDS[:-1]:
+        row[name] = int(round(row[name]))
+    row["queue_wait_s"] = round(row["queue_wait_s"], 3)
+    return row
+
+
+def _number(value) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def parse_tenants(value) -> dict:
+    """A report's `tenants`: {tenant: {"demand": [requests, tokens], "usage": {model:
+    [USAGE_FIELDS]}}}, all counters since the router started; ReportError otherwise."""
+    if not isinstance(value, dict):
+        raise ReportError("tenants", "expected {tenant: {demand, usage}}")
+    parsed = {}
+    for tenant, entry in value.items():
+        demand = entry.get("demand") if isinstance(entry, dict) else None
+        usage = entry.get("usage", {}) if isinstance(entry, dict) else None
+        if (
+            not isinstance(tenant, str)
+            or not isinstance(demand, list)
+            or len(demand) != 2
+            or not all(_number(v) for v in demand)
+            or not isinstance(usage, dict)
+        ):
+            raise ReportError("tenants", f"{tenant!r}: expected demand [requests, tokens]")
+        for model, values in usage.items():
+            if (
+                not isinstance(values, list)
+                or len(values) != len(USAGE_FIELDS)
+                or not all(_number(v) for v in values)
+            ):
+                raise ReportError(
+                    "tenants", f"{tenant!r}, {model!r}: usage is {list(USAGE_FIELDS)}"
+                )
+        parsed[tenant] = {"demand": [float(v) for v in demand], "usage": usage}
+    return parsed
+
+
+def tenant_table(tenants: dict, keys: dict, ledger: TenantLedger) -> dict:
+    """What routers get with the routes: each tenant's rules and shares, and key digests."""
+    if not tenants:
+        return {}
+    return {
+        "share_lease_s": SHARE_LEASE_S,
+        "floor_share": FLOOR_SHARE,
+        "tenants": {
+            tenant.name: {
+                "models": tenant.models,
+                "requests_per_minute": tenant.requests_per_minute,
+                "tokens_per_minute": tenant.tokens_per_minute,
+                "max_in_flight": tenant.max_in_flight,
+                "weight": tenant.weight,
+                "priority": tenant.priority,
+                "default_max_tokens": tenant.default_max_tokens,
+                "shares": ledger.shares(
+                    tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute
+                ),
+            }
+            for tenant in sorted(tenants.values(), key=lambda t: t.name)
+        },
+        "keys": {
+            key.digest: [key.tenant, key.id]
+            for key in sorted(keys.values(), key=lambda k: k.id)
+            if key.tenant in tenants
+        },
+    }

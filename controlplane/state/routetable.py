@@ -1,0 +1,83 @@
+"""The EndpointSink's source: the routing table the control plane publishes to routers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from controlplane.rules.adapters import slot_id
+from controlplane.vocabulary.model import ReplicaState
+
+
+class RouteTable:
+    """The EndpointSink's source: {model: [{id, url}]} of Ready replicas, with a version.
+
+    Versions start from the wall clock in milliseconds, so that they keep increasing across a
+    control-plane restart and a router never mistakes a new table for one it already has.
+    """
+
+    def __init__(self) -> None:
+        self.version = int(time.time() * 1000)
+        self.routes: dict[str, list[dict]] = {}
+        self.affinity: dict[str, str] = {}  # model -> its spec's affinity, where it sets one
+        self.tenants: dict = {}  # tenants' rules, shares and key digests (tenantshares.py)
+        self._changed = asyncio.Event()
+
+    def publish(
+        self,
+        routes: dict[str, list[dict]],
+        affinity: dict | None = None,
+        tenants: dict | None = None,
+    ) -> bool:
+        affinity = affinity or {}
+        tenants = tenants or {}
+        if routes == self.routes and affinity == self.affinity and tenants == self.tenants:
+            return False
+        self.routes = routes
+        self.affinity = affinity
+        self.tenants = tenants
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return True
+
+    def release_watchers(self) -> None:
+        """Answer every waiting watch now, with the table as it is: a server that is stopping
+        would otherwise wait out its drain deadline on routers' long polls."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def as_json(self) -> dict:
+        table = {"version": self.version, "routes": self.routes, "affinity": self.affinity}
+        if self.tenants:
+            table["tenants"] = self.tenants
+        return table
+
+    async def wait_for_change(self, after: int, timeout: float) -> dict:
+        if after == self.version:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass
+        return self.as_json()
+
+
+def routing_table(specs: dict, adapters: dict, replicas: dict) -> tuple[dict, dict]:
+    """{model: [{id, url}]} of Ready replicas (an adapter's endpoints are its holders), and
+    each model's affinity where its spec sets one (an adapter's is its base's)."""
+    routes: dict[str, list[dict]] = {name: [] for name in sorted(specs)}
+    for name in sorted(adapters):
+        routes[name] = []
+    for replica in sorted(replicas.values(), key=lambda r: r.id):
+        if replica.state != ReplicaState.READY or not replica.url:
+            continue
+        if replica.model in routes:
+            routes[replica.model].append({"id": replica.id, "url": replica.url})
+        for name in replica.want_adapters:
+            if name in replica.adapters and name in routes:
+                routes[name].append({"id": slot_id(replica.id, name), "url": replica.url})
+    affinity = {s.name: s.affinity for s in specs.values() if s.affinity is not None}
+    for adapter in adapters.values():
+        if adapter.base in affinity:
+            affinity[adapter.name] = affinity[adapter.base]
+    return routes, affinity
