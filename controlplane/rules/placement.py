@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from controlplane.vocabulary.model import ModelSpec, Node, Schedulable, Slice, awake_mb
 
+# What a card shared by several engines keeps free of them all (CUDA contexts, fragmentation).
+CARD_RESERVE_MB = 2048
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -28,35 +31,34 @@ def free_gpus(
     node: Node,
     gpu_class: str,
     held: set[tuple[str, int]],
-    reserve: dict[tuple[str, int], int] | None = None,
+    used: dict[tuple[str, int], int] | None = None,
     gpu_memory_mb: int | None = None,
 ) -> list[int]:
-    """Healthy, unheld GPUs of `gpu_class` on `node`, by index. With `reserve` (MiB kept by
-    sleeping engines per GPU): only those where an awake engine taking `gpu_memory_mb` (None:
-    the default share) fits beside them, the least reserved first."""
-    reserve = reserve or {}
+    """Healthy, unheld GPUs of `gpu_class` on `node` where an engine taking `gpu_memory_mb`
+    awake (None: the default share) fits beside the memory `used` there (MiB per card, awake
+    engines and sleepers), by index: the emptiest first."""
+    used = used or {}
     free = [
         g.index
         for g in node.gpus
         if g.gpu_class == gpu_class
         and g.healthy
         and (node.name, g.index) not in held
-        and fits_beside(g.memory_mb, reserve.get((node.name, g.index), 0), gpu_memory_mb)
+        and fits_beside(g.memory_mb, used.get((node.name, g.index), 0), gpu_memory_mb)
     ]
-    # Cards with the fewest sleepers first: sleepers spread over the cards, so that two
-    # models wanted at once seldom need the same one awake.
-    return sorted(free, key=lambda i: (reserve.get((node.name, i), 0), i))
+    return sorted(free, key=lambda i: (used.get((node.name, i), 0), i))
 
 
-def fits_beside(card_mb: int, reserve: int, gpu_memory_mb: int | None) -> bool:
-    """Whether an engine taking `gpu_memory_mb` awake (None: the default share) fits on a
-    card of `card_mb` beside `reserve` MiB of sleepers; a card whose size is not known takes
-    no sleeper beside an awake engine."""
-    if reserve <= 0:
+def fits_beside(card_mb: int, used: int, gpu_memory_mb: int | None) -> bool:
+    """Whether an engine taking `gpu_memory_mb` awake (None: the default share) fits on a card
+    of `card_mb` beside `used` MiB of other engines, awake or asleep. A shared card keeps
+    CARD_RESERVE_MB free (CUDA contexts, fragmentation); an empty one takes any engine, and
+    a card whose size is not known takes nothing beside what is on it."""
+    if used <= 0:
         return True
     if card_mb <= 0:
         return False
-    return awake_mb(card_mb, gpu_memory_mb) + reserve <= card_mb
+    return used + awake_mb(card_mb, gpu_memory_mb) <= card_mb - CARD_RESERVE_MB
 
 
 def place(spec: ModelSpec, count: int, nodes: list[Node], held: set[tuple[str, int]]) -> Outcome:
@@ -65,65 +67,112 @@ def place(spec: ModelSpec, count: int, nodes: list[Node], held: set[tuple[str, i
 
 
 class Placer:
-    """Placement for one reconcile tick. The capacity index of each GPU class is built once
-    from the snapshot and shared by every model placed in the tick, reserving as it goes: a
-    tick costs O(nodes + replicas), not O(models x nodes)."""
+    """Placement for one reconcile tick. The capacity index of each GPU class (and engine
+    size) is built once from the snapshot and shared by every model placed in the tick,
+    reserving as it goes: a tick costs O(nodes + replicas), not O(models x nodes).
+
+    `held`: cards taken whole (kept for a waiting model). `used`: MiB each card's engines
+    hold (awake engines' `gpu_memory`, sleepers' asleep memory). `load`: requests on what is
+    awake on each card. `busy`: models with requests now.
+
+    Which card, for a replica of one GPU: a quiet model packs onto the fullest shared card
+    it fits beside, so that whole cards and nodes stay free; a busy one takes an empty card
+    (best fit by node) or, failing that, the least-loaded card that fits, so that two busy
+    models seldom share a card's compute. Several GPUs: the fullest node that fits, its
+    emptiest cards first.
+    """
 
     def __init__(
         self,
         nodes: list[Node],
         held: set[tuple[str, int]],
-        reserve: dict[tuple[str, int], int] | None = None,
+        used: dict[tuple[str, int], int] | None = None,
+        load: dict[tuple[str, int], float] | None = None,
+        busy: frozenset[str] | set[str] = frozenset(),
+        models_on: dict[tuple[str, int], set[str]] | None = None,
     ) -> None:
-        """`reserve`: GPU -> MiB that sleeping engines keep on it (controlplane/sleep.py)."""
+        """`models_on`: the models each card already holds (a model's replicas go to cards
+        apart, so that one card's fault takes one of them)."""
         self.nodes = nodes
         self.held = held
-        self.reserve = {gpu: mb for gpu, mb in (reserve or {}).items() if mb > 0}
+        self.used: dict[tuple[str, int], int] = {gpu: mb for gpu, mb in (used or {}).items()
+                                                 if mb > 0}  # fmt: skip
+        self.load = load or {}
+        self.busy = busy
+        self.models_on: dict[tuple[str, int], set[str]] = {
+            gpu: set(models) for gpu, models in (models_on or {}).items()
+        }
         self._by_class: dict[tuple[str, int | None], _Capacity] = {}
 
     def capacity(self, gpu_class: str, gpu_memory_mb: int | None = None) -> _Capacity:
-        # Engines of different sizes see different free cards only where sleepers are.
-        key = (gpu_class, gpu_memory_mb if self.reserve else None)
+        key = (gpu_class, gpu_memory_mb)
         if key not in self._by_class:
             self._by_class[key] = _Capacity(
-                gpu_class, self.nodes, self.held, self.reserve, gpu_memory_mb
+                gpu_class, self.nodes, self.held, self.used, gpu_memory_mb, self.load
             )
         return self._by_class[key]
 
     def place(self, spec: ModelSpec, count: int) -> Outcome:
         capacity = self.capacity(spec.gpu_class, spec.gpu_memory_mb)
+        busy = spec.name in self.busy
         placements: list[list[Slice]] = []
         for _ in range(count):
             if spec.nodes_per_replica == 1:
-                chosen = capacity.pick_one_node(spec.gpus_per_replica)
+                avoid = {gpu for gpu, models in self.models_on.items() if spec.name in models}
+                chosen = capacity.pick_one_node(spec.gpus_per_replica, busy, avoid)
             else:
                 chosen = capacity.pick_fabric_nodes(spec.gpus_per_replica, spec.nodes_per_replica)
             if chosen is None:
                 return Outcome(placements, capacity.reason(spec, count - len(placements)))
+            self._taken(capacity, spec, chosen)
             placements.append(chosen)
         return Outcome(placements, "")
 
+    def _taken(self, capacity: _Capacity, spec: ModelSpec, chosen: list[Slice]) -> None:
+        """Count what `chosen` now holds; engines of other sizes see those cards anew."""
+        for piece in chosen:
+            for index in piece.gpus:
+                gpu = (piece.node, index)
+                self.used[gpu] = self.used.get(gpu, 0) + max(
+                    1, awake_mb(capacity.card_mb[gpu], spec.gpu_memory_mb)
+                )
+                self.models_on.setdefault(gpu, set()).add(spec.name)
+            capacity.readmit(piece.node, piece.gpus, self.used)
+        for key in [k for k, c in self._by_class.items() if k[0] == spec.gpu_class]:
+            if self._by_class[key] is not capacity:
+                del self._by_class[key]
+
 
 class _Capacity:
-    """Free GPUs of one class on eligible nodes, indexed so that each pick is cheap at 2,000
-    nodes: nodes bucketed by free count (each bucket sorted by name), whole free nodes by
-    fabric (sorted by name)."""
+    """Cards of one class that an engine of one size fits on, on eligible nodes, indexed so
+    that each pick is cheap at 2,000 nodes: nodes bucketed by fitting count (each bucket
+    sorted by name), whole free nodes by fabric (sorted by name), shared cards apart."""
 
     def __init__(
         self,
         gpu_class: str,
         nodes: list[Node],
         held: set[tuple[str, int]],
-        reserve: dict[tuple[str, int], int] | None = None,
+        used: dict[tuple[str, int], int] | None = None,
         gpu_memory_mb: int | None = None,
+        load: dict[tuple[str, int], float] | None = None,
     ) -> None:
         self.gpu_class = gpu_class
+        self.gpu_memory_mb = gpu_memory_mb
+        used = used or {}
+        self.load = load or {}
         self.free: dict[str, list[int]] = {}
         self.size: dict[str, int] = {}
         self.fabric: dict[str, str] = {}
+        self.card_mb: dict[tuple[str, int], int] = {}
         self.by_count: dict[int, list[str]] = defaultdict(list)
         # fabric -> node size -> names of the whole free nodes of that size, sorted
         self.whole: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+        # cards that something already uses and this engine still fits beside -> MiB used
+        self.shared: dict[tuple[str, int], int] = {}
+        # The shared card with the most memory left that this engine still does not fit on:
+        # (MiB left, card, node) for the reason.
+        self.roomiest: tuple[int, int, str] | None = None
         self.of_class = self.usable = self.not_ready = self.cordoned = 0
         for node in sorted(nodes, key=lambda n: n.name):
             if not any(g.gpu_class == gpu_class for g in node.gpus):
@@ -136,7 +185,10 @@ class _Capacity:
             if not eligible(node):
                 continue
             self.usable += 1
-            free = free_gpus(node, gpu_class, held, reserve, gpu_memory_mb)
+            for g in node.gpus:
+                self.card_mb[(node.name, g.index)] = g.memory_mb
+            free = free_gpus(node, gpu_class, held, used, gpu_memory_mb)
+            self._note_roomiest(node, held, used, free)
             if not free:
                 continue
             self.free[node.name] = free
@@ -145,25 +197,87 @@ class _Capacity:
             self.by_count[len(free)].append(node.name)
             if len(free) == len(node.gpus):
                 self.whole[node.fabric][len(node.gpus)].append(node.name)
+            for index in free:
+                if used.get((node.name, index), 0) > 0:
+                    self.shared[(node.name, index)] = used[(node.name, index)]
 
-    def take(self, name: str, n: int) -> Slice:
+    def _note_roomiest(self, node: Node, held, used, free: list[int]) -> None:
+        for g in node.gpus:
+            gpu = (node.name, g.index)
+            if (g.gpu_class != self.gpu_class or not g.healthy or gpu in held or g.index in free
+                    or g.memory_mb <= 0):  # fmt: skip
+                continue
+            left = g.memory_mb - CARD_RESERVE_MB - used.get(gpu, 0)
+            if self.roomiest is None or left > self.roomiest[0]:
+                self.roomiest = (left, g.index, node.name)
+
+    def _set_free(self, name: str, free: list[int]) -> None:
+        """`name`'s fitting cards are now `free`: its buckets follow."""
+        before = self.free.get(name, [])
+        if before:
+            _remove(self.by_count[len(before)], name)
+            if len(before) == self.size[name]:
+                _remove(self.whole[self.fabric[name]][self.size[name]], name)
+        self.free[name] = free
+        if free:
+            insort(self.by_count[len(free)], name)
+            if len(free) == self.size[name]:
+                insort(self.whole[self.fabric[name]][self.size[name]], name)
+
+    def take(self, name: str, n: int, indexes: list[int] | None = None) -> Slice:
+        """`n` of `name`'s cards: its first (emptiest) ones, or `indexes`."""
         free = self.free[name]
-        _remove(self.by_count[len(free)], name)
-        if len(free) == self.size[name]:
-            _remove(self.whole[self.fabric[name]][self.size[name]], name)
-        taken, rest = free[:n], free[n:]
-        self.free[name] = rest
-        if rest:
-            insort(self.by_count[len(rest)], name)
+        taken = free[:n] if indexes is None else indexes
+        self._set_free(name, [i for i in free if i not in taken])
+        for index in taken:
+            self.shared.pop((name, index), None)
         return Slice(name, taken)
 
-    def pick_one_node(self, gpus: int) -> list[Slice] | None:
+    def readmit(self, name: str, indexes: list[int], used: dict[tuple[str, int], int]) -> None:
+        """Cards just taken that an engine of this size still fits beside stay, shared."""
+        back = [
+            i for i in indexes
+            if fits_beside(self.card_mb[(name, i)], used.get((name, i), 0), self.gpu_memory_mb)
+        ]  # fmt: skip
+        if not back:
+            return
+        for index in back:
+            self.shared[(name, index)] = used[(name, index)]
+        self._set_free(name, sorted(self.free.get(name, []) + back,
+                                    key=lambda i: (self.shared.get((name, i), 0), i)))
+
+    def pick_one_node(
+        self, gpus: int, busy: bool = False, avoid: set[tuple[str, int]] | frozenset = frozenset()
+    ) -> list[Slice] | None:
+        """Cards on one node, none of them in `avoid` (those that hold this model already)."""
+        if gpus == 1 and self.shared:
+            card = self._shared_card(busy, avoid)
+            if card is not None:
+                return [self.take(card[0], 1, [card[1]])]
         # Best fit: the fullest node that fits, so that whole nodes stay free; the name breaks
         # ties so that the same snapshot always gives the same answer.
         for count in sorted(self.by_count):
-            if count >= gpus and self.by_count[count]:
-                return [self.take(self.by_count[count][0], gpus)]
+            if count < gpus:
+                continue
+            for name in self.by_count[count]:
+                choice = [i for i in self.free[name] if (name, i) not in avoid][:gpus]
+                if len(choice) == gpus:
+                    return [self.take(name, gpus, choice)]
         return None
+
+    def _shared_card(self, busy: bool, avoid) -> tuple[str, int] | None:
+        """The shared card a replica of one GPU goes to (None: an empty card instead)."""
+        shared = [gpu for gpu in self.shared if gpu not in avoid]
+        if not shared:
+            return None
+        if not busy:
+            return min(shared, key=lambda gpu: (-self.shared[gpu], self.load.get(gpu, 0), gpu))
+        has_empty = any(
+            (name, index) not in self.shared for name, free in self.free.items() for index in free
+        )
+        if has_empty:
+            return None
+        return min(shared, key=lambda gpu: (self.load.get(gpu, 0), self.shared[gpu], gpu))
 
     def whole_count(self, fabric: str, gpus: int) -> int:
         return sum(len(names) for size, names in self.whole[fabric].items() if size >= gpus)
@@ -181,6 +295,18 @@ class _Capacity:
         chosen = lists[0][:need] if len(lists) == 1 else sorted(sum(lists, []))[:need]
         return [self.take(name, gpus) for name in chosen]
 
+    def _memory_short(self, spec: ModelSpec) -> str:
+        """Where memory, not cards, is what is short: the roomiest shared card, in MiB."""
+        if self.roomiest is None:
+            return ""
+        left, index, name = self.roomiest
+        card = self.card_mb[(name, index)]
+        need = awake_mb(card, spec.gpu_memory_mb)
+        return (
+            f"; the roomiest shared card, {name}/{index}, has {max(0, left)} MiB free of {card}"
+            f" (less {CARD_RESERVE_MB} kept), short by {need - max(0, left)} MiB"
+        )
+
     def reason(self, spec: ModelSpec, missing: int) -> str:
         what = f"{missing} replica(s) of {spec.name} cannot be placed: "
         if not self.of_class:
@@ -196,7 +322,7 @@ class _Capacity:
             return what + (
                 f"needs {spec.gpus_per_replica} free {spec.gpu_class} GPUs on one "
                 f"node; the best of {self.usable} usable node(s) has {best}{aside}"
-            )
+            ) + self._memory_short(spec)
         whole = {
             f: count for f in self.whole if (count := self.whole_count(f, spec.gpus_per_replica))
         }

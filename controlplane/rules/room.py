@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from controlplane.rules.placement import eligible
+from controlplane.rules.placement import eligible, fits_beside
 from controlplane.vocabulary.idle import IdleState
 from controlplane.vocabulary.model import HOLDING, ModelSpec, Node, Replica, ReplicaState, Slice
 from controlplane.vocabulary.specs import format_duration as duration
@@ -184,17 +184,16 @@ class _Option:
 
 def plan_room(waiting: ModelSpec, inputs: RoomInputs) -> RoomPlan:
     """The fewest GPUs to free for one replica of `waiting`, or why none can be freed."""
-    held: dict[tuple[str, int], Replica] = {
-        (piece.node, index): r
-        for r in inputs.replicas
-        if r.state in HOLDING
-        for piece in r.placement
-        for index in piece.gpus
-    }
+    held: dict[tuple[str, int], list[Replica]] = defaultdict(list)
+    for r in inputs.replicas:
+        if r.state in HOLDING:
+            for piece in r.placement:
+                for index in piece.gpus:
+                    held[(piece.node, index)].append(r)
     blockers: dict[str, Blocker] = {}
     takeable: dict[str, Replica] = {}
     ready, kept = ready_counts(inputs.replicas), kept_counts(inputs.replicas)
-    for replica in {r.id: r for r in held.values()}.values():
+    for replica in {r.id: r for on in held.values() for r in on}.values():
         if replica.model == waiting.name:
             continue
         blocker = why_not(replica, waiting, inputs, ready, kept)
@@ -260,67 +259,83 @@ def _within_limits(victims, may_lose) -> bool:
     return all(n <= may_lose.get(model, 0) for model, n in per_model.items())
 
 
+def _awake_mb(replica: Replica, inputs: RoomInputs, card: int) -> int:
+    """MiB `replica` holds awake on a card of `card` MiB (the whole card when its spec went)."""
+    spec = inputs.specs.get(replica.model)
+    return max(1, spec.awake_mb(card) if spec is not None else card)
+
+
 def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, blockers, reserved):
+    """The cheapest victims on one node after which `waiting` fits awake on enough of its
+    cards beside what stays there (memory, not cards: a card keeps the occupants it can)."""
     need_gpus = waiting.gpus_per_replica
     best: _Option | None = None
     standing: list[Blocker] = []
-    taken = held.keys() | reserved.keys()  # once: the fleet's GPUs, not one node's
     for node in sorted(inputs.nodes, key=lambda n: n.name):
         if not eligible(node):
             continue
         usable = _usable_gpus(node, waiting.gpu_class)
         if len(usable) < need_gpus:
             continue
-        free = [i for i in usable if (node.name, i) not in taken]
         kept_for = {reserved[(node.name, i)] for i in usable if (node.name, i) in reserved}
         standing += [Blocker(node.name, f"GPUs kept for {m}", False) for m in sorted(kept_for)]
-        freed_by: dict[str, list[int]] = defaultdict(list)
-        for index in usable:
-            holder = held.get((node.name, index))
-            if holder is not None:
-                freed_by[holder.id].append(index)
-        short = need_gpus - len(free)
-        if short <= 0:
+        cards = {g.index: g.memory_mb for g in node.gpus if g.index in usable
+                 and (node.name, g.index) not in reserved}  # fmt: skip
+        on_card = {i: held.get((node.name, i), []) for i in cards}
+        awake = {i: sum(_awake_mb(r, inputs, cards[i]) for r in on) for i, on in on_card.items()}
+
+        def fitting(victims, cards=cards, on_card=on_card, awake=awake) -> list[int]:
+            gone = {v.id for v in victims}
+            return [
+                i
+                for i in sorted(cards)
+                if fits_beside(
+                    cards[i],
+                    awake[i] - sum(_awake_mb(r, inputs, cards[i]) for r in on_card[i]
+                                   if r.id in gone),  # fmt: skip
+                    waiting.gpu_memory_mb,
+                )
+            ]
+
+        free = fitting(())
+        if len(free) >= need_gpus:
             option = _Option((0,), (), [Slice(node.name, free[:need_gpus])])
             if best is None or option.key < best.key:
                 best = option
             continue
-        holders = {
-            held[(node.name, i)].id: held[(node.name, i)] for i in usable if (node.name, i) in held
-        }
+        holders = {r.id: r for on in on_card.values() for r in on}
         candidates = [r for r in holders.values() if may_take(r)]
-        standing += [blockers[rid] for rid in holders if rid in blockers]
-        for victims in _covering_sets(candidates, freed_by, short):
+        standing += [blockers[rid] for rid in sorted(holders) if rid in blockers]
+        for victims in _covering_sets(candidates, lambda vs: len(fitting(vs)) >= need_gpus):
             if not _within_limits(victims, may_lose):
                 continue
-            gained = sorted(free + [i for v in victims for i in freed_by[v.id]])
             option = _Option(
                 _set_key(victims, priority, idle_s, node.name),
                 tuple(victims),
-                [Slice(node.name, gained[:need_gpus])],
+                [Slice(node.name, fitting(victims)[:need_gpus])],
             )
             if best is None or option.key < best.key:
                 best = option
     return best, standing
 
 
-def _covering_sets(candidates, freed_by, short: int):
-    """Sets of candidates that free at least `short` GPUs on the node, none of them needless."""
+def _covering_sets(candidates, enough):
+    """Sets of candidates after whose going `enough(set)` holds, none of them needless."""
     if len(candidates) > EXACT_SEARCH_LIMIT:
-        ordered = sorted(candidates, key=lambda r: (-len(freed_by[r.id]), r.gpu_count, r.id))
-        chosen, gained = [], 0
+        ordered = sorted(candidates, key=lambda r: (-r.gpu_count, r.id))
+        chosen = []
         for replica in ordered:
-            if gained >= short:
+            if enough(chosen):
                 break
             chosen.append(replica)
-            gained += len(freed_by[replica.id])
-        if gained >= short:
+        if enough(chosen):
             yield chosen
         return
     for size in range(1, len(candidates) + 1):
         for victims in combinations(candidates, size):
-            gained = sum(len(freed_by[v.id]) for v in victims)
-            if gained >= short and all(gained - len(freed_by[v.id]) < short for v in victims):
+            if enough(victims) and all(
+                not enough([v for v in victims if v is not left]) for left in victims
+            ):
                 yield list(victims)
 
 
@@ -338,11 +353,7 @@ def _whole_nodes(waiting, inputs, held, may_take, may_lose, priority, idle_s, bl
         if any((node.name, g.index) in reserved for g in node.gpus):
             standing.append(Blocker(node.name, "GPUs kept for another model", False))
             continue
-        holders = {
-            held[(node.name, g.index)].id: held[(node.name, g.index)]
-            for g in node.gpus
-            if (node.name, g.index) in held
-        }
+        holders = {r.id: r for g in node.gpus for r in held.get((node.name, g.index), ())}
         stuck = [rid for rid, r in holders.items() if not may_take(r)]
         if stuck:
             standing += [blockers[rid] for rid in stuck if rid in blockers]

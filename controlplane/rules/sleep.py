@@ -63,13 +63,17 @@ def card_mb(nodes: dict[str, Node], gpu: Gpu) -> int:
 
 @dataclass
 class Memory:
-    """What sleepers keep: GPU memory per card, host memory per node (MiB)."""
+    """What engines keep of each card's memory: sleepers their asleep memory (`reserve`),
+    awake engines their `gpu_memory` (`awake`); and level-1 sleepers' host memory per node
+    (MiB)."""
 
     reserve: dict[Gpu, int] = field(default_factory=lambda: defaultdict(int))
     sleepers_on: dict[Gpu, list[Replica]] = field(default_factory=lambda: defaultdict(list))
     host_used: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    awake: dict[Gpu, int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
+        """`replica` asleep (or on its way)."""
         for piece in replica.placement:
             for index in piece.gpus:
                 gpu = (piece.node, index)
@@ -77,10 +81,26 @@ class Memory:
                 self.sleepers_on[gpu].append(replica)
                 self.host_used[piece.node] += spec.host_mb(card_mb(nodes, gpu))
 
+    def add_awake(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
+        for gpu in gpus_of(replica):
+            self.awake[gpu] += awake_on(spec, nodes, gpu)
+
+    def remove_awake(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
+        for gpu in gpus_of(replica):
+            self.awake[gpu] -= awake_on(spec, nodes, gpu)
+
+    def used(self) -> dict[Gpu, int]:
+        """MiB each card's engines hold, awake and asleep."""
+        return {gpu: self.used_on(gpu) for gpu in self.reserve.keys() | self.awake.keys()}
+
+    def used_on(self, gpu: Gpu) -> int:
+        return self.reserve.get(gpu, 0) + self.awake.get(gpu, 0)
+
     def copy(self) -> Memory:
         copy = Memory()
         copy.reserve.update(self.reserve)
         copy.host_used.update(self.host_used)
+        copy.awake.update(self.awake)
         copy.sleepers_on.update({gpu: list(on) for gpu, on in self.sleepers_on.items()})
         return copy
 
@@ -93,18 +113,32 @@ class Memory:
                 self.host_used[piece.node] -= spec.host_mb(card_mb(nodes, gpu))
 
 
+def gpus_of(replica: Replica) -> list[Gpu]:
+    return [(piece.node, index) for piece in replica.placement for index in piece.gpus]
+
+
+def awake_on(spec: ModelSpec, nodes: dict[str, Node], gpu: Gpu) -> int:
+    """MiB an awake engine of `spec` holds on `gpu`; at least 1, so that a card whose size is
+    not known still counts as used."""
+    return max(1, spec.awake_mb(card_mb(nodes, gpu)))
+
+
 def memory_of(replicas: list[Replica], specs: dict[str, ModelSpec], nodes) -> Memory:
     memory = Memory()
     for replica in replicas:
         spec = specs.get(replica.model)
-        if spec is not None and is_sleeper(replica):
+        if spec is None:
+            continue
+        if is_sleeper(replica):
             memory.add(replica, spec, nodes)
+        if holds_card(replica):
+            memory.add_awake(replica, spec, nodes)
     return memory
 
 
-def fits_awake(spec: ModelSpec, gpu: Gpu, nodes: dict[str, Node], reserve: int) -> bool:
-    """Whether an awake engine of `spec` fits on `gpu` beside `reserve` MiB of sleepers."""
-    return fits_beside(card_mb(nodes, gpu), reserve, spec.gpu_memory_mb)
+def fits_awake(spec: ModelSpec, gpu: Gpu, nodes: dict[str, Node], used: int) -> bool:
+    """Whether an awake engine of `spec` fits on `gpu` beside `used` MiB of other engines."""
+    return fits_beside(card_mb(nodes, gpu), used, spec.gpu_memory_mb)
 
 
 def host_short(replica: Replica, spec: ModelSpec, nodes: dict[str, Node], memory: Memory) -> dict:
@@ -180,6 +214,7 @@ def _idle_sleeps(spec, mine, inputs: RoomInputs, nodes, memory: Memory) -> list[
     for seconds, replica in sorted(candidates, key=lambda c: (-c[0], c[1].id))[:may]:
         if host_short(replica, spec, nodes, memory):
             continue  # it stays awake; scale to zero may stop it later
+        memory.remove_awake(replica, spec, nodes)
         memory.add(replica, spec, nodes)
         bound = "≥" if inputs.idle[replica.id][1] == IdleState.AT_LEAST else ""
         moves.append(Move(replica, "sleep", f"idle {bound}{duration(seconds)}"))
@@ -222,13 +257,11 @@ def plan_wake(waiting: ModelSpec, inputs: RoomInputs) -> WakePlan:
     nodes = {n.name: n for n in inputs.nodes}
     specs = inputs.specs
     memory = memory_of(inputs.replicas, specs, nodes)
-    holders: dict[Gpu, Replica] = {
-        (piece.node, index): r
-        for r in inputs.replicas
-        if holds_card(r)
-        for piece in r.placement
-        for index in piece.gpus
-    }
+    holders: dict[Gpu, list[Replica]] = defaultdict(list)
+    for r in inputs.replicas:
+        if holds_card(r):
+            for gpu in gpus_of(r):
+                holders[gpu].append(r)
     sleepers = sorted(
         (
             r
@@ -263,7 +296,16 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
     if node_down:
         blocker = f"{sleeper.id}: node {node_down[0]} is not usable"
         return WakePlan(None, blockers=[blocker], final=True)
-    occupants = {holders[g].id: holders[g] for g in gpus if g in holders}
+    trial = memory.copy()
+    trial.remove(sleeper, inputs.specs[sleeper.model], nodes)
+    if all(fits_awake(waiting, gpu, nodes, trial.awake[gpu]) for gpu in gpus):
+        # It fits beside what is awake there: only sleepers may have to make way.
+        moves = memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id})
+        if any(m.action == "blocked" for m in moves):
+            blocked = [m.why for m in moves if m.action == "blocked"]
+            return WakePlan(None, blockers=blocked, final=True)
+        return WakePlan(sleeper, moves)
+    occupants = {r.id: r for g in gpus for r in holders.get(g, ())}
     blockers, takeable, final = [], [], True
     for occupant in occupants.values():
         if occupant.model == waiting.name:
@@ -275,11 +317,17 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
         else:
             blockers.append(str(blocker))
             final = final and blocker.permanent
-    if blockers:
+    # The fewest occupants, the idlest first, whose memory makes it fit awake.
+    victims, freed = [], trial.copy()
+    takeable.sort(key=lambda r: (-inputs.idle.get(r.id, (0.0, None))[0], r.id))
+    for occupant in takeable:
+        if all(fits_awake(waiting, gpu, nodes, freed.awake[gpu]) for gpu in gpus):
+            break
+        freed.remove_awake(occupant, inputs.specs[occupant.model], nodes)
+        victims.append(occupant)
+    if not all(fits_awake(waiting, gpu, nodes, freed.awake[gpu]) for gpu in gpus):
         return WakePlan(None, blockers=blockers, final=final)
-    trial = memory.copy()
-    trial.remove(sleeper, inputs.specs[sleeper.model], nodes)
-    moves = victim_moves(takeable, f"to wake {sleeper.id}", inputs, trial)
+    moves = victim_moves(victims, f"to wake {sleeper.id}", inputs, trial)
     moves = settled(moves + memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id}))
     if any(m.action == "blocked" for m in moves):
         blocked = [m.why for m in moves if m.action == "blocked"]
@@ -309,6 +357,8 @@ def victim_moves(
     moves: list[Move] = []
     for victim in victims:
         spec = inputs.specs.get(victim.model)
+        if spec is not None and holds_card(victim):
+            memory.remove_awake(victim, spec, nodes)  # its cards' memory comes free
         if spec is None or not spec.sleeps:
             moves.append(Move(victim, "stop", f"stopped {purpose}"))
             continue
@@ -375,7 +425,7 @@ def memory_stops(
     for gpu in gpus:
         on = [r for r in memory.sleepers_on.get(gpu, []) if r.id not in keep]
         on.sort(key=lambda r: (-inputs.specs[r.model].asleep_mb(), r.id))
-        while not fits_awake(spec, gpu, nodes, memory.reserve[gpu]):
+        while not fits_awake(spec, gpu, nodes, memory.used_on(gpu)):
             if not on:
                 moves.append(Move(None, "blocked", f"GPU {gpu[1]} on {gpu[0]} is too small"))
                 return moves

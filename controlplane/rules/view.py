@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from controlplane.rules.pacing import HeartbeatPacing
 from controlplane.rules.placement import Placer
 from controlplane.rules.room import RoomInputs
-from controlplane.rules.sleep import Memory, holds_card, memory_of
+from controlplane.rules.sleep import Memory, holds_card, is_sleeper, memory_of
 from controlplane.vocabulary.idle import IdleTracker
 from controlplane.vocabulary.model import ModelSpec, ReplicaState
 
@@ -127,24 +127,57 @@ class FleetView:
     # cards
 
     def held_gpus(self) -> set[tuple[str, int]]:
-        """GPUs an awake engine holds."""
+        """GPUs an awake engine holds (alone or beside others)."""
         return held_gpus(self.replicas.values())
 
     def reserved_gpus(self, but_for: str | None = None) -> dict[tuple[str, int], str]:
         return reserved_gpus(self.reservations, but_for)
 
     def sleepers(self) -> Memory:
-        """What sleeping engines keep of each card's memory and each node's host memory."""
+        """What engines keep of each card's memory (awake and asleep) and each node's host
+        memory (sleepers at level 1)."""
         return memory_of(list(self.replicas.values()), self.specs, self.nodes)
 
-    def placer(self, also_held=frozenset()) -> Placer:
-        """Placement over the fleet as it stands: cards held awake or kept for a waiting
-        model are taken; cards with sleepers have their reserves taken off."""
+    def busy_models(self) -> set[str]:
+        """Models with requests in flight or waiting now."""
+        in_flight = self.idle.in_flight(self.now)
+        busy = {r.model for rid, n in in_flight.items() if n and (r := self.replicas.get(rid))}
+        return busy | set(self.wanted())
+
+    def card_load(self) -> dict[tuple[str, int], float]:
+        """Requests in flight on what is awake on each card."""
+        in_flight = self.idle.in_flight(self.now)
+        load: dict[tuple[str, int], float] = {}
+        for rid, n in in_flight.items():
+            replica = self.replicas.get(rid)
+            if replica is None or not n or not holds_card(replica):
+                continue
+            for piece in replica.placement:
+                for index in piece.gpus:
+                    load[(piece.node, index)] = load.get((piece.node, index), 0) + n
+        return load
+
+    def placer(self, also_held=frozenset(), but_for: str | None = None) -> Placer:
+        """Placement over the fleet as it stands: what engines hold of each card's memory
+        is taken, and cards kept for a waiting model (but `but_for`) are taken whole."""
         return Placer(
             list(self.nodes.values()),
-            self.held_gpus() | self.reserved_gpus().keys() | also_held,
-            self.sleepers().reserve,
+            set(self.reserved_gpus(but_for)) | set(also_held),
+            self.sleepers().used(),
+            self.card_load(),
+            self.busy_models(),
+            self.models_on_cards(),
         )
+
+    def models_on_cards(self) -> dict[tuple[str, int], set[str]]:
+        """The models each card holds, awake or asleep."""
+        on: dict[tuple[str, int], set[str]] = {}
+        for replica in self.replicas.values():
+            if holds_card(replica) or is_sleeper(replica):
+                for piece in replica.placement:
+                    for index in piece.gpus:
+                        on.setdefault((piece.node, index), set()).add(replica.model)
+        return on
 
     def room_inputs(self) -> RoomInputs:
         """What the pure steps of making room, sleeping and waking read."""

@@ -33,6 +33,7 @@ class Intents:
             raise BadRequest(
                 "name", f"an adapter is named {spec.name}: requests name one or the other"
             )
+        self._check_fits_a_card(spec)
         current = self.specs.get(spec.name)
         outcome = next_generation("model", spec, current, body)
         if outcome == "unchanged":
@@ -53,6 +54,19 @@ class Intents:
         self.changed = True
         self.event(spec.name, f"spec {outcome} (generation {spec.generation})")
         return spec, outcome
+
+    def _check_fits_a_card(self, spec: ModelSpec) -> None:
+        """A `gpu_memory` larger than every known card of its class can never be placed."""
+        if spec.gpu_memory_mb is None:
+            return
+        sizes = [g.memory_mb for n in self.nodes.values() for g in n.gpus
+                 if g.gpu_class == spec.gpu_class and g.memory_mb > 0]  # fmt: skip
+        if sizes and spec.gpu_memory_mb > max(sizes):
+            raise BadRequest(
+                "gpu_memory",
+                f"{spec.gpu_memory_mb} MiB is more than a {spec.gpu_class} card holds "
+                f"({max(sizes)} MiB)",
+            )
 
     def delete(self, name: str) -> ModelSpec:
         spec = self.spec(name)

@@ -266,3 +266,28 @@ def test_a_stopping_server_answers_the_routers_waiting_watches_at_once(server):
     # Cut after the drain deadline instead, the watch would end in a connection error.
     assert answers and answers[0][0] == 200 and answers[0][1]["version"] == current
     assert proc.wait(timeout=10) == 0
+
+
+def test_a_bad_gpu_memory_is_refused_naming_the_field_and_nothing_changes(server):
+    url, _, _ = server
+    admin = TOKENS["admin"]
+    assert call("POST", url + "/v1/nodes", make_node("n1", gpus=1), token=TOKENS["agent"])[0] in (
+        200,
+        201,
+    )
+    assert call("POST", url + "/v1/models", spec(gpu_memory="20GB"), token=admin)[0] == 201
+    before = call("GET", url + "/v1/models", token=TOKENS["viewer"])[1]
+    for size, words in [
+        ("100GB", "more than a H100-80GB card holds (81559 MiB)"),
+        (0, "must be positive"),
+        (-5, "must not be negative"),
+        ("-5GB", "a size such as 60GB"),
+        ("plenty", "a size such as 60GB"),
+        (True, "a size such as 60GB"),
+    ]:
+        status, answer = call(
+            "POST", url + "/v1/models", spec(name="other", gpu_memory=size), token=admin
+        )
+        assert status == 400, (size, answer)
+        assert answer["error"]["param"] == "gpu_memory" and words in answer["error"]["message"]
+    assert call("GET", url + "/v1/models", token=TOKENS["viewer"])[1] == before

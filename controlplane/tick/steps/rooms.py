@@ -28,9 +28,9 @@ kept for the ones before it.
 
 from __future__ import annotations
 
-from controlplane.rules.placement import Placer, eligible
+from controlplane.rules.placement import eligible
 from controlplane.rules.room import plan_room
-from controlplane.rules.sleep import memory_stops, settled, victim_moves
+from controlplane.rules.sleep import fits_awake, memory_stops, settled, victim_moves
 from controlplane.rules.view import PRESENT, FleetView
 from controlplane.state.records import Reservation
 from controlplane.tick.steps.moves import carry_out
@@ -64,12 +64,14 @@ def place_on_reserved(view: FleetView, model: str) -> list:
     )
     if not usable:
         return [Release(model)]  # its model went, or a node: plan again
-    held = view.held_gpus()
-    if kept.gpus() & held:
-        given_up = give_up_room(view, spec, kept, held)
+    memory = view.sleepers()
+    crowded = [
+        gpu for gpu in kept.gpus() if not fits_awake(spec, gpu, view.nodes, memory.awake[gpu])
+    ]
+    if crowded:
+        given_up = give_up_room(view, spec, kept)
         return [Release(model, given_up)] if given_up else []  # else a victim still goes
-    stops = memory_stops(spec, sorted(kept.gpus()), view.room_inputs(), view.sleepers(),
-                         {kept.wake})  # fmt: skip
+    stops = memory_stops(spec, sorted(kept.gpus()), view.room_inputs(), memory, {kept.wake})
     if stops:
         # Sleepers beside the freed cards leave too little memory for it awake.
         actions = carry_out(view, stops)
@@ -105,7 +107,7 @@ def place_on_reserved(view: FleetView, model: str) -> list:
     ]
 
 
-def give_up_room(view: FleetView, spec, kept, held) -> str:
+def give_up_room(view: FleetView, spec, kept) -> str:
     """Why GPUs kept for `spec` while its victims stop should be kept no longer ("" to keep
     them)."""
     if spec.name not in asking(view):
@@ -115,10 +117,7 @@ def give_up_room(view: FleetView, spec, kept, held) -> str:
         return f"its victims did not stop within {duration(timeout)}"
     if kept.wake:
         return ""  # a wake is the cheapest move there is
-    others = {gpu for other in view.reservations.values() if other is not kept
-              for gpu in other.gpus()}  # fmt: skip
-    placer = Placer(list(view.nodes.values()), held | others, view.sleepers().reserve)
-    if placer.place(spec, 1).placements:
+    if view.placer(but_for=spec.name).place(spec, 1).placements:
         return "room came free elsewhere first"
     return ""
 

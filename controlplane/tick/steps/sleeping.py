@@ -10,6 +10,8 @@ for idle replicas, and engines that miss their wake timeout.
 |                                                       | woken once they have                |
 | every sleeper blocked for good, free cards elsewhere  | the sleeper stops; a cold start     |
 |                                                       | goes there                          |
+| every sleeper blocked for a while (occupants in use,  | a cold start there at once; the     |
+| young), memory free elsewhere fits it                 | sleeper stays until the rules stop it |
 | every sleeper blocked for a while                     | it waits; its reason says for what  |
 
 | a replica                                          | what happens                         |
@@ -30,6 +32,7 @@ from controlplane.tick.steps.scaling import asking
 from controlplane.vocabulary.actions import (
     Counted,
     Fail,
+    Place,
     Reserve,
     Revive,
     SetDemandSince,
@@ -107,10 +110,23 @@ def wake_asked(view: FleetView, model: str) -> list:
     since = view.demand_since.get(model, view.now)
     plan = plan_wake(spec, view.room_inputs())
     if plan.replica is None:
-        if plan.final and view.placer().place(spec, 1).placements:
+        elsewhere = view.placer().place(spec, 1).placements
+        if plan.final and elsewhere:
             # No sleeper can ever wake where it is (what holds its cards is there for good),
             # free cards wait elsewhere: a cold start there; the sleeper goes.
             return actions + [Stop(asleep[0].id, f"replaced by a cold start: {plan.reason}")]
+        if elsewhere:
+            # What holds its cards may pass, but not now: free memory elsewhere fits it, so a
+            # cold start goes there at once rather than waiting; the sleeper stays where it is
+            # until the usual rules stop it.
+            where = ", ".join(piece.node for piece in elsewhere[0])
+            return actions + [
+                Place(model, elsewhere[0], swap_since=since,
+                      why=f"started cold on {where}: {plan.reason}"),  # fmt: skip
+                SetWoken(model),
+                SetRoom(model, None),
+                SetReason(model, ""),
+            ]
         reason = f"waiting to wake: {plan.reason}"
         room = {"reason": reason, "victims": [], "final": False, "wake": True}
         return actions + [SetRoom(model, room), SetReason(model, reason, quiet=True)]

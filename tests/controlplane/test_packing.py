@@ -1,0 +1,227 @@
+"""Several engines awake on one card: placed by memory, the busy apart from each other, room
+and wakes taken in memory rather than in cards."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.rules.placement import CARD_RESERVE_MB, Placer
+from controlplane.rules.room import RoomInputs, plan_room
+from controlplane.rules.sleep import memory_of
+from controlplane.vocabulary.idle import IdleState
+from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
+from tests.controlplane.conftest import ReportingRouter, make_node, spec
+from tests.controlplane.test_sleep import HOST_MB, obeying_agent, wait
+
+CLASS = "H100-80GB"
+CARD_MB = 81559  # what NVML says of an H100 80GB
+GB = 953  # MiB in a GB, as specs count it
+NOW = 1_000_000.0
+
+
+def model(name, gb=None, gpus=1):
+    return ModelSpec(name=name, gpu_class=CLASS, command=["x"], gpus_per_replica=gpus,
+                     gpu_memory_mb=None if gb is None else gb * GB)  # fmt: skip
+
+
+def card_node(name="n1", cards=1):
+    return Node(name, "127.0.0.1", "f1", [GPU(i, f"{name}-{i}", CLASS, CARD_MB)
+                                          for i in range(cards)])  # fmt: skip
+
+
+def test_three_small_models_share_one_card():
+    placer = Placer([card_node()], set())
+    placed = [placer.place(model(m, gb=20), 1).placements for m in ("a", "b", "c")]
+    assert placed == [[[Slice("n1", [0])]]] * 3
+    assert placer.used[("n1", 0)] == 3 * 20 * GB
+
+
+def test_a_spec_without_gpu_memory_keeps_a_card_to_itself():
+    placer = Placer([card_node(cards=2)], set())
+    assert placer.place(model("small", gb=20), 1).placements == [[Slice("n1", [0])]]
+    assert placer.place(model("big"), 1).placements == [[Slice("n1", [1])]]
+    outcome = placer.place(model("other"), 1)
+    assert outcome.placements == []
+    assert "n1/0, has" in outcome.reason and "short by" in outcome.reason
+
+
+def test_the_reason_says_which_card_is_short_and_by_how_much():
+    used = {("n1", 0): 55 * GB}
+    outcome = Placer([card_node()], set(), used).place(model("thirty", gb=30), 1)
+    free = CARD_MB - CARD_RESERVE_MB - 55 * GB
+    assert f"n1/0, has {free} MiB free of {CARD_MB}" in outcome.reason
+    assert f"short by {30 * GB - free} MiB" in outcome.reason
+
+
+def test_a_quiet_model_packs_and_a_busy_one_takes_a_card_of_its_own():
+    used = {("n1", 0): 20 * GB}
+    quiet = Placer([card_node(cards=2)], set(), used).place(model("quiet", gb=20), 1)
+    assert quiet.placements == [[Slice("n1", [0])]], "beside the engine already there"
+    busy = Placer([card_node(cards=2)], set(), used, busy={"hot"}).place(model("hot", gb=20), 1)
+    assert busy.placements == [[Slice("n1", [1])]], "the empty card, not a shared one"
+
+
+def test_a_busy_model_goes_to_the_least_loaded_shared_card():
+    used = {("n1", 0): 20 * GB, ("n1", 1): 20 * GB}
+    load = {("n1", 0): 12, ("n1", 1): 1}
+    placer = Placer([card_node(cards=2)], set(), used, load, busy={"hot"})
+    assert placer.place(model("hot", gb=20), 1).placements == [[Slice("n1", [1])]]
+
+
+def room_inputs(replicas, specs, in_flight=None, idle=None):
+    return RoomInputs(
+        nodes=[card_node()],
+        replicas=replicas,
+        specs={s.name: s for s in specs},
+        desired={s.name: 1 for s in specs},
+        idle=idle or {r.id: (300.0, IdleState.EXACT) for r in replicas},
+        in_flight=in_flight or {},
+        silent_holders={},
+        reserved={},
+        now=NOW,
+        default_residency_s=0.0,
+    )
+
+
+def awake(rid, name):
+    return Replica(rid, name, [Slice("n1", [0])], state=ReplicaState.READY, ready_at=NOW - 600)
+
+
+def test_room_takes_the_fewest_and_idlest_occupants_whose_memory_is_enough():
+    small = [model(m, gb=20) for m in ("a", "b", "c")]
+    for s in small:
+        s.min_replicas = 0
+    replicas = [awake("a-1", "a"), awake("b-1", "b"), awake("c-1", "c")]
+    idle = {"a-1": (100.0, IdleState.EXACT), "b-1": (900.0, IdleState.EXACT),
+            "c-1": (50.0, IdleState.EXACT)}  # fmt: skip
+    plan = plan_room(model("big", gb=40), room_inputs(replicas, [*small, model("big", 40)],
+                                                      idle=idle))  # fmt: skip
+    assert [v.id for v in plan.victims] == ["b-1"], "one 20 GB engine is enough, the idlest"
+    assert plan.placement == [Slice("n1", [0])]
+
+
+def test_room_never_takes_an_occupant_with_a_request_in_flight():
+    small = [model(m, gb=20) for m in ("a", "b", "c")]
+    for s in small:
+        s.min_replicas = 0
+    replicas = [awake("a-1", "a"), awake("b-1", "b"), awake("c-1", "c")]
+    idle = {"a-1": (100.0, IdleState.EXACT), "b-1": (900.0, IdleState.EXACT),
+            "c-1": (50.0, IdleState.EXACT)}  # fmt: skip
+    inputs = room_inputs(replicas, [*small, model("big", 40)], {"b-1": 1}, idle)
+    plan = plan_room(model("big", gb=40), inputs)
+    assert [v.id for v in plan.victims] == ["a-1"], "b is busy: the next idlest goes"
+
+
+def test_nothing_is_taken_when_the_waiting_model_fits_beside():
+    small = model("a", gb=20)
+    small.min_replicas = 0
+    plan = plan_room(model("b", gb=20), room_inputs([awake("a-1", "a")], [small, model("b", 20)]))
+    assert plan.victims == [] and plan.placement == [Slice("n1", [0])]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.one_of(st.none(), st.integers(1, 90)), min_size=1, max_size=12),
+    cards=st.integers(1, 3),
+    busy=st.sets(st.integers(0, 11)),
+)
+def test_no_card_holds_more_than_its_memory(sizes, cards, busy):
+    placer = Placer([card_node(cards=cards)], set(), busy={f"m{i}" for i in busy})
+    held: dict = {}
+    for i, gb in enumerate(sizes):
+        spec_ = model(f"m{i}", gb=gb)
+        for slices in placer.place(spec_, 1).placements:
+            for piece in slices:
+                for index in piece.gpus:
+                    held.setdefault(index, []).append(spec_.awake_mb(CARD_MB))
+    for on_card in held.values():
+        if len(on_card) > 1:
+            assert sum(on_card) <= CARD_MB - CARD_RESERVE_MB
+
+
+# The fleet, tick by tick: three 20 GB models awake on one 80 GB card, then a fourth of 40 GB.
+
+
+def packed(name, **kw):
+    body = {"gpu_memory": "20GB", "replicas": 1, "min_replicas": 0, "min_residency": "0s"}
+    return spec(name=name, **{**body, **kw})
+
+
+def test_three_models_awake_on_one_card_then_a_fourth_puts_the_idlest_to_sleep(make_fleet, clock):
+    fleet, reconciler = make_fleet()
+    router = ReportingRouter(fleet, reconciler)
+    fleet.register({**make_node("n1", gpus=1), "host_memory_mb": HOST_MB})
+    for name in ("a", "b", "c"):
+        fleet.apply(packed(name, engine="vllm", sleep={"level": 1, "after": "1h"}))
+    reconciler.tick()
+    obeying_agent(fleet, "n1")
+    reconciler.tick()
+    ready = {r.model: r for r in fleet.replicas.values() if r.state == ReplicaState.READY}
+    assert sorted(ready) == ["a", "b", "c"]
+    assert {r.placement[0].gpus[0] for r in ready.values()} == {0}
+    assert sorted(reconciler.routes.routes) == ["a", "b", "c"]
+    router.report(used={ready["a"].id: 1.0, ready["b"].id: 500.0, ready["c"].id: 30.0},
+                  in_flight={ready["b"].id: 1})  # fmt: skip
+    wait(fleet, clock, 5)
+    fleet.apply(packed("d", gpu_memory="40GB"))
+    router.report(used={ready["a"].id: 1.0, ready["b"].id: 500.0, ready["c"].id: 30.0},
+                  in_flight={ready["b"].id: 1}, waiting={"d": 1})  # fmt: skip
+    reconciler.tick()
+    going = [r.model for r in fleet.replicas.values() if r.state == ReplicaState.SLEEPING]
+    assert going == ["c"], "the idlest that nothing is in flight on"
+    assert ready["b"].state == ReplicaState.READY, "never one with a request in flight"
+    assert ready["a"].state == ReplicaState.READY, "one victim's memory is enough"
+    memory = memory_of(list(fleet.replicas.values()), fleet.specs, fleet.nodes)
+    assert memory.used_on(("n1", 0)) <= CARD_MB
+
+
+def sleepy_packed(name, **kw):
+    return packed(name, engine="vllm", sleep={"level": 1, "after": "60s", "wake_timeout": "30s"},
+                  **kw)  # fmt: skip
+
+
+def asleep_beside(make_fleet, clock, cards, a_fields, b_fields):
+    """a asleep on card 0; b awake with a request in flight."""
+    fleet, reconciler = make_fleet()
+    router = ReportingRouter(fleet, reconciler)
+    fleet.register({**make_node("n1", gpus=cards), "host_memory_mb": HOST_MB})
+    fleet.apply(sleepy_packed("a", **a_fields))
+    reconciler.tick()
+    obeying_agent(fleet, "n1")
+    reconciler.tick()
+    router.report()
+    wait(fleet, clock, 61)
+    router.report()
+    reconciler.tick()  # a idle past sleep.after: its route goes
+    router.report()
+    reconciler.tick()
+    obeying_agent(fleet, "n1")
+    reconciler.tick()
+    (a,) = fleet.replicas_of("a")
+    assert a.state == ReplicaState.ASLEEP
+    fleet.apply(packed("b", **b_fields))
+    reconciler.tick()
+    obeying_agent(fleet, "n1")
+    reconciler.tick()
+    (b,) = fleet.replicas_of("b")
+    assert b.state == ReplicaState.READY and b.placement[0].gpus == [0], "beside a's sleeper"
+    router.report(in_flight={b.id: 1})
+    return fleet, reconciler, router, a, b
+
+
+def test_a_sleeper_wakes_beside_a_busy_engine_when_its_memory_fits(make_fleet, clock):
+    fleet, reconciler, router, a, b = asleep_beside(make_fleet, clock, 1, {}, {})
+    router.report(in_flight={b.id: 1}, waiting={"a": 1})
+    reconciler.tick()
+    assert a.state == ReplicaState.WAKING, "no turn to take: both fit awake"
+    assert b.state == ReplicaState.READY
+
+
+def test_a_sleeper_blocked_for_a_while_starts_cold_where_memory_is_free(make_fleet, clock):
+    whole = {"gpu_memory": "70GB"}
+    fleet, reconciler, router, a, b = asleep_beside(make_fleet, clock, 2, whole, whole)
+    router.report(in_flight={b.id: 1}, waiting={"a": 1})
+    reconciler.tick()
+    assert b.state == ReplicaState.READY, "in use: never taken"
+    cold = [r for r in fleet.replicas_of("a") if r.id != a.id]
+    assert len(cold) == 1 and cold[0].placement[0].gpus == [1], "a cold start on the free card"
+    assert any("started cold on n1" in e for _, e in fleet.events["a"])
