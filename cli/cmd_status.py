@@ -61,6 +61,9 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
     rows = []
     for gpu_class, c in s["capacity"].items():
         share = f"{100 * c['used'] // c['total']}%" if c["total"] else "-"
+        memory = s.get("memory", {}).get(gpu_class, {"held_mb": 0, "total_mb": 0})
+        held, total = memory["held_mb"], memory["total_mb"]
+        memory_share = f"{100 * held // total}%" if total else "-"
         rows.append(
             [
                 gpu_class,
@@ -69,15 +72,17 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
                 c["unhealthy"],
                 c["unavailable"],
                 c["total"],
-                bar(c["used"], c["total"], 16, colour) + " " + share.rjust(4),
+                bar(c["used"], c["total"], 6, colour) + " " + share.rjust(4),
+                bar(held, total, 6, colour) + " " + memory_share.rjust(4),
             ]
         )
     if rows:
         out.append(
             table(
-                ["GPU CLASS", "USED", "FREE", "UNHEALTHY", "OTHER", "TOTAL", "USAGE"],
+                ["GPU CLASS", "USED", "FREE", "UNHEALTHY", "OTHER", "TOTAL", "USAGE", "MEMORY"],
                 rows,
                 right={1, 2, 3, 4, 5},
+                gap=2,  # eight columns in 80
             )
         )
     else:

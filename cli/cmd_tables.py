@@ -10,6 +10,18 @@ from cli.output import INTERVAL, NO_HEADERS, OUTPUT, WATCH, emit, terminal_width
 from cli.render import duration, idle_text, table
 
 
+def card_residents(cards: list[dict]) -> str:
+    """Each card's share of memory held and who is on it: `0:62%[a-1f2e,b-3c4d] 1:-`."""
+    shown = []
+    for card in cards:
+        if not card["residents"]:
+            shown.append(f"{card['index']}:-")
+            continue
+        share = f"{100 * card['held_mb'] // card['memory_mb']}%" if card["memory_mb"] else "?"
+        shown.append(f"{card['index']}:{share}[{','.join(card['residents'])}]")
+    return " ".join(shown)
+
+
 def node_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers = [
         "NAME",
@@ -24,7 +36,7 @@ def node_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
         "REPLICAS",
     ]
     if wide:
-        headers.append("ADDRESS")
+        headers += ["ADDRESS", "CARDS"]
     rows = []
     for n in items:
         g = n["gpus"]
@@ -41,7 +53,7 @@ def node_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
             n["replicas"],
         ]
         if wide:
-            row.append(n["address"])
+            row += [n["address"], card_residents(n.get("cards", []))]
         rows.append(row)
     return table(headers, rows, no_headers, right={4, 5, 6, 7, 8, 9}, width=width)
 

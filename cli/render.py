@@ -43,8 +43,10 @@ def table(
     no_headers: bool = False,
     right: set[int] | None = None,
     width: int = 0,
+    gap: int = 3,
 ) -> str:
-    """Columns aligned; with `width`, the last column (a reason, free text) is cut to fit."""
+    """Columns aligned, `gap` spaces apart; with `width`, the last column (a reason, free
+    text) is cut to fit."""
     right = right or set()
     cells = [[str(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
@@ -52,7 +54,7 @@ def table(
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
     if width and cells:
-        room = width - sum(widths[:-1]) - 3 * (len(widths) - 1)
+        room = width - sum(widths[:-1]) - gap * (len(widths) - 1)
         if room < widths[-1]:
             room = max(room, len(headers[-1]), 20)
             for row in cells:
@@ -60,17 +62,17 @@ def table(
             widths[-1] = room
     lines = []
     if not no_headers:
-        lines.append(_line(headers, widths, right))
-    lines += [_line(row, widths, right) for row in cells]
+        lines.append(_line(headers, widths, right, gap))
+    lines += [_line(row, widths, right, gap) for row in cells]
     return "\n".join(lines)
 
 
-def _line(cells, widths, right) -> str:
+def _line(cells, widths, right, gap: int = 3) -> str:
     parts = [
         c.rjust(w) if i in right else c.ljust(w)
         for i, (c, w) in enumerate(zip(cells, widths, strict=False))
     ]
-    return "   ".join(parts).rstrip()
+    return (" " * gap).join(parts).rstrip()
 
 
 def truncate(text: str, width: int) -> str:

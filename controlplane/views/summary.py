@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 
 from controlplane.rules.adapters import slot_id
 from controlplane.rules.placement import eligible
-from controlplane.rules.sleep import holds_card, memory_of, sleeper_idle
+from controlplane.rules.sleep import holds_card, is_sleeper, memory_of, sleeper_idle
 from controlplane.state.fleet import FleetSnapshot
 from controlplane.views.shapes import (
     CAPACITY_KEYS,
@@ -38,6 +38,33 @@ def _held(snap: FleetSnapshot) -> dict[str, frozenset[int]]:
     return {node: frozenset(indexes) for node, indexes in held.items()}
 
 
+def card_memory(snap: FleetSnapshot) -> tuple[dict, dict]:
+    """What engines hold of each card's memory (MiB, awake and asleep, at most the card) and
+    who is on it: ({(node, index): MiB}, {(node, index): [replica ids]})."""
+    specs = {s.name: s for s in snap.specs}
+    nodes = {n.name: n for n in snap.nodes}
+    memory = memory_of(snap.replicas, specs, nodes)
+    residents: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for r in snap.replicas:
+        if holds_card(r) or is_sleeper(r):
+            for piece in r.placement:
+                for index in piece.gpus:
+                    residents[(piece.node, index)].append(r.id)
+    return memory.used(), residents
+
+
+def memory_by_class(node, held_mb: dict) -> dict[str, dict[str, int]]:
+    """Per GPU class on `node`: memory held and memory there is, on its healthy cards."""
+    out: dict[str, dict[str, int]] = {}
+    for g in node.gpus:
+        if not g.healthy:
+            continue
+        tally = out.setdefault(g.gpu_class, {"held_mb": 0, "total_mb": 0})
+        tally["total_mb"] += g.memory_mb
+        tally["held_mb"] += min(g.memory_mb or 0, held_mb.get((node.name, g.index), 0))
+    return out
+
+
 NO_GPUS: frozenset[int] = frozenset()
 SHAPES = Shapes()  # kept across summaries (controlplane/views/shapes.py)
 
@@ -55,6 +82,7 @@ def node_rows(snap: FleetSnapshot, nodes=None) -> list[dict]:
     """The rows of `nodes` (all of the snapshot's, sorted by name, when None): a page of a
     large fleet is built without the rest of it."""
     held = _held(snap)
+    held_mb, residents = card_memory(snap)
     replicas_on = Counter(node for r in snap.replicas if r.state in HOLDING for node in r.nodes)
     rows = []
     for node in sorted(snap.nodes, key=lambda n: n.name) if nodes is None else nodes:
@@ -77,6 +105,16 @@ def node_rows(snap: FleetSnapshot, nodes=None) -> list[dict]:
                 "replicas": replicas_on[node.name],
                 "unhealthy_gpus": [
                     {"index": g.index, "reason": g.reason} for g in node.gpus if not g.healthy
+                ],
+                "memory_by_class": memory_by_class(node, held_mb),
+                "cards": [
+                    {
+                        "index": g.index,
+                        "memory_mb": g.memory_mb,
+                        "held_mb": held_mb.get((node.name, g.index), 0),
+                        "residents": sorted(residents.get((node.name, g.index), [])),
+                    }
+                    for g in node.gpus
                 ],
             }
         )
@@ -231,6 +269,13 @@ def _node_numbers(snap: FleetSnapshot) -> dict:
                 if not g.healthy
             )
     SHAPES.keep_only(len(snap.nodes))
+    held_mb, _ = card_memory(snap)
+    memory: dict[str, dict[str, int]] = {}
+    for node in snap.nodes:
+        for gpu_class, tally in memory_by_class(node, held_mb).items():
+            total = memory.setdefault(gpu_class, {"held_mb": 0, "total_mb": 0})
+            total["held_mb"] += tally["held_mb"]
+            total["total_mb"] += tally["total_mb"]
     capacity: dict[str, list[int]] = defaultdict(lambda: [0] * len(CAPACITY_KEYS))
     fabrics: dict[str, dict[str, int]] = defaultdict(_group)
     # Free cards on another fabric or of another class are no capacity for a model that spans
@@ -256,6 +301,7 @@ def _node_numbers(snap: FleetSnapshot) -> dict:
         "capacity": {
             k: dict(zip(CAPACITY_KEYS, v, strict=True)) for k, v in sorted(capacity.items())
         },
+        "memory": dict(sorted(memory.items())),
         "fabrics": {k: v for k, v in sorted(fabrics.items())},
         "fabrics_by_class": [
             {"fabric": fabric, "gpu_class": gpu_class, **group}
@@ -405,6 +451,7 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
     models = model_rows(snap)
     return {
         "capacity": fleet["capacity"],
+        "memory": fleet["memory"],
         "fabrics": fleet["fabrics"],
         "fabrics_by_class": fleet["fabrics_by_class"],
         "nodes": fleet["nodes"],

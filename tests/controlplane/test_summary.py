@@ -25,7 +25,8 @@ def snapshots(draw):
     nodes = []
     for i in range(draw(st.integers(0, 10))):
         gpus = [
-            GPU(j, f"u{i}-{j}", draw(st.sampled_from(CLASSES)), healthy=draw(st.booleans()))
+            GPU(j, f"u{i}-{j}", draw(st.sampled_from(CLASSES)), healthy=draw(st.booleans()),
+                memory_mb=draw(st.sampled_from([0, 46068, 81559])))  # fmt: skip
             for j in range(draw(st.integers(0, 8)))
         ]
         nodes.append(
@@ -44,6 +45,7 @@ def snapshots(draw):
             gpu_class=draw(st.sampled_from(CLASSES)),
             command=["x"],
             replicas=draw(st.integers(0, 3)),
+            gpu_memory_mb=draw(st.sampled_from([None, 20_000, 40_000])),
         )
         for k in range(draw(st.integers(0, 3)))
     ]
@@ -52,7 +54,8 @@ def snapshots(draw):
         if not nodes or not specs:
             break
         node = draw(st.sampled_from(nodes))
-        free = [g.index for g in node.gpus if (node.name, g.index) not in taken]
+        shared = draw(st.booleans())  # several engines on one card
+        free = [g.index for g in node.gpus if shared or (node.name, g.index) not in taken]
         picked = draw(st.lists(st.sampled_from(free), unique=True, max_size=3)) if free else []
         taken.update((node.name, i) for i in picked)
         replica = Replica(
@@ -84,6 +87,15 @@ def test_summary_is_the_aggregate_of_the_rows(snap, threshold):
             counts["used"] + counts["free"] + counts["unavailable"] + counts["unhealthy"]
             == counts["total"]
         )
+    for gpu_class, memory in result["memory"].items():
+        for key in ("held_mb", "total_mb"):
+            assert memory[key] == sum(
+                r["memory_by_class"].get(gpu_class, {}).get(key, 0) for r in nodes
+            )
+        assert 0 <= memory["held_mb"] <= memory["total_mb"]
+    for row in nodes:
+        for card in row["cards"]:
+            assert bool(card["residents"]) == (card["held_mb"] > 0)
     unhealthy = {(n.name, g.index) for n in snap.nodes for g in n.gpus if not g.healthy}
     total_unhealthy = sum(c["unhealthy"] for c in result["capacity"].values())
     assert total_unhealthy == len(unhealthy), "an unhealthy GPU is neither used nor free"
