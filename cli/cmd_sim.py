@@ -53,3 +53,13 @@ def kill(ctx, replica):
     """Kill REPLICA's engine process, as a crash would."""
     answer = _admin(ctx, "/kill", {"replica": replica})
     click.echo(f"{replica} killed on {answer['node']}")
+
+
+@sim.command("memory")
+@click.argument("replica")
+@click.argument("mib", type=click.IntRange(min=0))
+@pass_context
+def memory(ctx, replica, mib):
+    """Make REPLICA's engine take MIB of each of its cards, as one that overruns its share."""
+    answer = _admin(ctx, "/memory", {"replica": replica, "mb": mib})
+    click.echo(f"{replica} takes {mib} MiB per card on {answer['node']}")

@@ -87,7 +87,22 @@ def build_admin(agents: dict) -> web.Application:
                 return _json({"killed": body["replica"], "node": agent.inventory.name})
         return _error(404, f"no replica {body['replica']!r} runs on this simulated fleet")
 
+    async def memory(request):
+        """An engine that takes more (or less) of its card than it was told."""
+        body = await _body(request)
+        mb = body.get("mb") if body is not None else None
+        if body is None or not isinstance(body.get("replica"), str):
+            return _error(400, "expected a JSON object {replica, mb}")
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
+            return _error(400, f"mb: MiB, a whole number >= 0, got {mb!r}")
+        for agent in agents.values():
+            if body["replica"] in agent.supervisor.running:
+                agent.inventory.memory_taken[body["replica"]] = mb
+                return _json({"replica": body["replica"], "mb": mb, "node": agent.inventory.name})
+        return _error(404, f"no replica {body['replica']!r} runs on this simulated fleet")
+
     app.router.add_get("/nodes", nodes)
+    app.router.add_post("/memory", memory)
     app.router.add_post("/gpu/{action:fail|heal}", gpu_fault)
     app.router.add_post("/silence", silence)
     app.router.add_post("/kill", kill)

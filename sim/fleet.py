@@ -50,6 +50,8 @@ class SimInventory:
     labels: dict[str, str] = field(default_factory=dict)
     faults: dict[int, str] = field(default_factory=dict)
     replicas: str = "processes"  # or "in_process"
+    # replica -> MiB its engine takes per card, set by fault injection; else what it was told
+    memory_taken: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> dict:
         return {
@@ -67,6 +69,14 @@ class SimInventory:
                 }
                 for i in range(self.gpu_count)
             ],
+        }
+
+    def replica_memory(self, running: dict) -> dict[str, int]:
+        """What NVML would say each replica's engine takes of one card (MiB): the share it
+        was told (vLLM's --gpu-memory-utilization takes just that), unless a fault says more."""
+        return {
+            replica: self.memory_taken.get(replica, round(run.memory_share * self.memory_mb))
+            for replica, run in running.items()
         }
 
     def health(self) -> list[dict]:

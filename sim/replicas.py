@@ -93,6 +93,7 @@ class InProcess:
     engine_endpoints: dict | None = None
     adapters_wanted: dict | None = None
     adapter_failures: dict | None = None
+    memory_share: float = 0.9  # the share of each card it was told it may take awake
 
 
 class InProcessSupervisor(Reconciles):
@@ -117,6 +118,7 @@ class InProcessSupervisor(Reconciles):
 
     def start(self, a: dict) -> None:
         record = InProcess(a["replica"], a["model"], a["rank"], time.time(), None)
+        record.memory_share = float(a.get("gpu_memory_utilization") or 0.9)
         argv = expand(a["command"], {"port": "0", "model": a["model"], "host": "127.0.0.1"})
         try:
             settings = self.settings_of(sim_engine_args(argv))

@@ -27,6 +27,7 @@ class Inventory(Protocol):
 
     def describe(self) -> dict: ...
     def health(self) -> list[dict]: ...
+    def replica_memory(self, running: dict) -> dict[str, int]: ...
 
 
 class ControlPlaneError(Exception):
@@ -318,7 +319,11 @@ class NodeAgent:
         await self.supervisor.check(self.client.session)
         if self.silenced:
             return
-        body = {"gpus": self.inventory.health(), "replicas": self.supervisor.reports()}
+        reports = self.supervisor.reports()
+        for replica, mb in self.inventory.replica_memory(self.supervisor.running).items():
+            if replica in reports:
+                reports[replica]["gpu_memory_mb"] = mb
+        body = {"gpus": self.inventory.health(), "replicas": reports}
         try:
             answer = await self.client.post(
                 f"/v1/nodes/{self.inventory.name}/heartbeat", body, token=self.own_token()

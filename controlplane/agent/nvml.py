@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -112,6 +113,24 @@ def node_fabric(gpus: list[DiscoveredGPU], flag: str | None, node_name: str) -> 
     if len(fabrics) == 1 and None not in fabrics:
         return "nvl-" + fabrics.pop()
     return flag or node_name
+
+
+def process_memory(nvml, indexes: list[int]) -> dict[tuple[int, int], int]:
+    """(pid, GPU index) -> MiB that compute process holds there; a GPU or driver that cannot
+    say (NOT_SUPPORTED, no permission, memory not reported) gives nothing for it."""
+    out: dict[tuple[int, int], int] = {}
+    for index in indexes:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except nvml.NVMLError:
+            continue
+        for process in processes:
+            used = getattr(process, "usedGpuMemory", None)
+            if isinstance(used, int) and used >= 0:
+                key = (int(process.pid), index)
+                out[key] = out.get(key, 0) + used // (1024 * 1024)
+    return out
 
 
 def check_health(nvml, index: int) -> tuple[bool, str]:
@@ -262,6 +281,24 @@ class NvmlInventory:
                 for g in self.gpus
             ],
         }
+
+    def replica_memory(self, running: dict) -> dict[str, int]:
+        """MiB each replica's engine holds on the fullest of its cards, from NVML's compute
+        processes; an engine's processes are its process group (it was started as a session
+        leader: vLLM's workers are its children)."""
+        by_group: dict[tuple[int, int], int] = {}
+        for (pid, index), mb in process_memory(self.nvml, [g.index for g in self.gpus]).items():
+            try:
+                group = os.getpgid(pid)
+            except OSError:
+                continue  # gone, or in another PID namespace
+            by_group[(group, index)] = by_group.get((group, index), 0) + mb
+        out = {}
+        for replica, run in running.items():
+            held = [mb for (group, _), mb in by_group.items() if group == run.pid]
+            if held:
+                out[replica] = max(held)
+        return out
 
     def health(self) -> list[dict]:
         report = []

@@ -65,6 +65,7 @@ class Running:
     adapters_wanted: dict | None = None  # adapter -> source, as the assignment says
     adapters: list | None = None  # what the engine holds
     adapter_failures: dict | None = None  # adapter -> why its load failed
+    memory_share: float = 0.9  # the share of each card it was told it may take awake
 
 
 class Reconciles:
@@ -180,6 +181,7 @@ class Supervisor(Reconciles):
             "gpu_memory_utilization": str(a.get("gpu_memory_utilization") or "0.9"),
         }
         argv = expand(a["command"], values)
+        share = float(values["gpu_memory_utilization"])
         try:
             secret = resolve_env_from(a.get("env_from") or {})
         except EnvFromError as exc:
@@ -217,6 +219,7 @@ class Supervisor(Reconciles):
             self.failed[a["replica"]] = failed
             return
         run = self._record_of(a, proc.pid, port, argv)
+        run.memory_share = share
         self.children[proc.pid] = proc
         self.running[run.replica] = run
         self._save(run)

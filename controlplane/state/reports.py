@@ -18,6 +18,7 @@ from controlplane.vocabulary.model import (
     Node,
     Replica,
     ReplicaState,
+    memory_over,
 )
 
 REPLICA_REPORT_STATES = {
@@ -71,6 +72,9 @@ class AgentReports:
                 raise BadRequest(
                     f"replicas.{replica_id}.adapter_failures", "a map of adapter name to reason"
                 )
+            used = report.get("gpu_memory_mb", 0)
+            if isinstance(used, bool) or not isinstance(used, int) or used < 0:
+                raise BadRequest(f"replicas.{replica_id}.gpu_memory_mb", "MiB, a whole number >= 0")
         with self.store.batch():
             changed_node = False
             if gpus is not None:
@@ -107,6 +111,7 @@ class AgentReports:
             return
         if leader:
             self._adapter_report(replica, report)
+            self._memory_report(node, replica, report.get("gpu_memory_mb", 0))
         if replica.state == ReplicaState.RETIRING and report["state"] not in ("Failed", "Stopped"):
             return  # Ready as far as its agent knows; retiring as far as the fleet goes
         state = report["state"]
@@ -140,6 +145,19 @@ class AgentReports:
             f"replica {replica.id} {replica.state}"
             + (f": {replica.reason}" if replica.reason else ""),
         )
+
+    def _memory_report(self, node: Node, replica: Replica, used_mb: int) -> None:
+        """What its engine holds of a card; stored when it crosses what its spec allows."""
+        replica.gpu_memory_used_mb = used_mb
+        spec = self.specs.get(replica.model)
+        card = next((g.memory_mb for g in node.gpus if g.index in replica.placement[0].gpus), 0)
+        over = memory_over(used_mb, spec.awake_mb(card)) if spec is not None and card else ""
+        if over != replica.memory_over:
+            replica.memory_over = over
+            self.put_replica(replica)
+            self.changed = True
+            if over:
+                self.event(replica.model, f"replica {replica.id} Degraded: {over}")
 
     def _back_with_node(self, node: Node, replica: Replica, report: dict) -> None:
         """A replica lost with its node, whose engine its agent still runs: it is what its

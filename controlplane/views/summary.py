@@ -129,6 +129,8 @@ def shown_state(replica, nodes: dict) -> tuple[str, list[str]]:
     faults = gpu_faults(replica, nodes) if replica.state in HOLDING else []
     if faults and replica.state != ReplicaState.STOPPING:
         return DEGRADED, faults
+    if replica.memory_over and replica.state in (ReplicaState.READY, ReplicaState.UNHEALTHY):
+        return DEGRADED, faults
     if replica.state == ReplicaState.READY and replica.engine_asleep:
         return str(ReplicaState.ASLEEP), faults  # Ready all the same: a request wakes it
     return str(replica.state), faults
@@ -152,7 +154,8 @@ def replica_row(snap: FleetSnapshot, replica, nodes: dict) -> dict:
         "url": replica.url,
         "idle_s": round(seconds, 1) if state != IdleState.UNKNOWN else -1,
         "idle_state": str(state),
-        "reason": "; ".join(faults) or replica.reason,
+        "reason": "; ".join(faults) or replica.memory_over or replica.reason,
+        "gpu_memory_used_mb": replica.gpu_memory_used_mb,
         "age_s": round(max(0.0, snap.now - replica.created_at), 1),
         "exit_code": replica.exit_code,
         "sleep_level": replica.sleep,

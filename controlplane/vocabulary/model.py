@@ -39,6 +39,21 @@ ENGINE_KINDS = ("vllm", "sglang", "llama.cpp")
 SELF_WAKING = ("llama.cpp",)
 
 
+# An engine over its gpu_memory by more than this share starves the engines beside it.
+MEMORY_TOLERANCE = 0.05
+
+
+def memory_over(used_mb: int, allowed_mb: int) -> str:
+    """Why an engine holding `used_mb` of a card is over what its spec allows ("" if not)."""
+    if used_mb <= 0 or allowed_mb <= 0 or used_mb <= allowed_mb * (1 + MEMORY_TOLERANCE):
+        return ""
+    over = 100 * (used_mb - allowed_mb) // allowed_mb
+    return (
+        f"its engine holds {used_mb} MiB of a card, {over}% over its gpu_memory "
+        f"({allowed_mb} MiB): it would starve its neighbours"
+    )
+
+
 def gpu_faults(replica, nodes: dict) -> list[str]:
     """What is wrong with the GPUs `replica` holds, one line a GPU ([] when all are healthy)."""
     faults = []
@@ -273,6 +288,10 @@ class Replica:
     adapter_failures: dict[str, str] = field(default_factory=dict)
     # Failed with its node (NotReady), its engine maybe still running there; or back with it
     lost: bool = False
+    # What its engine holds of its fullest card (MiB, NVML per process; 0: not known), and
+    # why that is too much for the neighbours it shares cards with ("" when it is not).
+    gpu_memory_used_mb: int = 0
+    memory_over: str = ""
 
     @property
     def gpu_count(self) -> int:
@@ -306,6 +325,8 @@ class Replica:
             "adapters": list(self.adapters),
             "adapter_failures": dict(self.adapter_failures),
             "lost": self.lost,
+            "gpu_memory_used_mb": self.gpu_memory_used_mb,
+            "memory_over": self.memory_over,
         }
 
     def copy(self) -> Replica:
@@ -332,6 +353,8 @@ class Replica:
             list(self.adapters),
             dict(self.adapter_failures),
             self.lost,
+            self.gpu_memory_used_mb,
+            self.memory_over,
         )
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pynvml
 
@@ -30,6 +31,7 @@ class FakeNvml:
             gpu.uuid = gpu.uuid or f"GPU-fake-{i}"
         self.events: list[tuple[int, int]] = []  # (gpu index, xid)
         self.registered = set()
+        self.processes: dict[int, list[tuple[int, int | None]]] = {}  # index -> (pid, bytes)
 
     def __getattr__(self, name):
         # Constants, structures and error classes are NVML's own.
@@ -62,6 +64,13 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle):
         return self.gpus[handle].uuid
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        self._check(handle, "processes")
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=used)
+            for pid, used in self.processes.get(handle, [])
+        ]
 
     def nvmlDeviceGetMemoryInfo(self, handle):
         return type("Memory", (), {"total": self._check(handle, "memory").memory_mib * 2**20})

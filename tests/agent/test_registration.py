@@ -15,6 +15,9 @@ class Inventory:
     def health(self):
         return []
 
+    def replica_memory(self, running):
+        return {}
+
 
 class RefusingThenAccepting:
     def __init__(self, refusals):

@@ -1,14 +1,23 @@
 """Several engines awake on one card: placed by memory, the busy apart from each other, room
 and wakes taken in memory rather than in cards."""
 
+import os
+from types import SimpleNamespace
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controlplane.agent.nvml import NvmlInventory
 from controlplane.rules.placement import CARD_RESERVE_MB, Placer
 from controlplane.rules.room import RoomInputs, plan_room
 from controlplane.rules.sleep import memory_of
+from controlplane.state.fleet import BadRequest
+from controlplane.views.summary import replica_rows
 from controlplane.vocabulary.idle import IdleState
 from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
+from sim.fleet import parse_fleet
+from tests.agent.fake_nvml import FakeGPU, FakeNvml
 from tests.controlplane.conftest import ReportingRouter, make_node, spec
 from tests.controlplane.test_sleep import HOST_MB, obeying_agent, wait
 
@@ -16,6 +25,7 @@ CLASS = "H100-80GB"
 CARD_MB = 81559  # what NVML says of an H100 80GB
 GB = 953  # MiB in a GB, as specs count it
 NOW = 1_000_000.0
+ONE_CARD_FLEET = {"fabrics": [{"name": "f", "nodes": 1, "gpu_class": CLASS, "gpus_per_node": 1}]}
 
 
 def model(name, gb=None, gpus=1):
@@ -225,3 +235,61 @@ def test_a_sleeper_blocked_for_a_while_starts_cold_where_memory_is_free(make_fle
     cold = [r for r in fleet.replicas_of("a") if r.id != a.id]
     assert len(cold) == 1 and cold[0].placement[0].gpus == [1], "a cold start on the free card"
     assert any("started cold on n1" in e for _, e in fleet.events["a"])
+
+
+# What an engine takes of its card, as its agent reads it from NVML per process.
+
+
+def test_an_engine_over_its_gpu_memory_is_degraded_and_says_why(make_fleet, clock):
+    fleet, reconciler = make_fleet()
+    fleet.register({**make_node("n1", gpus=1), "host_memory_mb": HOST_MB})
+    fleet.apply(packed("a"))
+    reconciler.tick()
+    (a,) = fleet.replicas_of("a")
+    allowed = fleet.specs["a"].gpu_memory_mb
+
+    def beat(mb):
+        fleet.heartbeat("n1", {"replicas": {a.id: {"state": "Ready", "url": "http://x:1",
+                                                    "gpu_memory_mb": mb}}})  # fmt: skip
+        return {r["id"]: r for r in replica_rows(fleet.snapshot())}[a.id]
+
+    assert beat(int(allowed * 1.04))["state"] == "Ready", "within 5%"
+    row = beat(int(allowed * 1.2) + 1)
+    assert row["state"] == "Degraded" and "20% over its gpu_memory" in row["reason"]
+    assert "starve its neighbours" in row["reason"]
+    assert any("Degraded" in e for _, e in fleet.events["a"])
+    assert beat(allowed)["state"] == "Ready", "back within its share"
+
+
+def test_a_bad_memory_reading_is_refused_and_nothing_changes(make_fleet, clock):
+    fleet, reconciler = make_fleet()
+    fleet.register({**make_node("n1", gpus=1), "host_memory_mb": HOST_MB})
+    fleet.apply(packed("a"))
+    reconciler.tick()
+    (a,) = fleet.replicas_of("a")
+    before = a.to_dict()
+    for bad in (-1, "lots", 1.5, True):
+        report = {"replicas": {a.id: {"state": "Ready", "gpu_memory_mb": bad}}}
+        with pytest.raises(BadRequest) as refused:
+            fleet.heartbeat("n1", report)
+        assert refused.value.field == f"replicas.{a.id}.gpu_memory_mb"
+    assert a.to_dict() == before
+
+
+def test_the_agent_reads_each_engines_memory_from_its_process_group():
+    nvml = FakeNvml([FakeGPU(), FakeGPU()])
+    me = os.getpid()
+    nvml.processes = {0: [(me, 30 * 1024**3)], 1: [(me, 10 * 1024**3), (999_999_999, 5 * 1024**3)]}
+    inventory = NvmlInventory(nvml, "n1", "127.0.0.1", None, watch_xids=False)
+    run = SimpleNamespace(pid=os.getpgid(me))
+    other = SimpleNamespace(pid=-7)
+    assert inventory.replica_memory({"mine": run, "other": other}) == {"mine": 30 * 1024}
+
+
+def test_a_simulated_card_counts_what_each_engine_was_told_unless_a_fault_says_more():
+    (inventory,) = parse_fleet(ONE_CARD_FLEET)
+    running = {"a": SimpleNamespace(memory_share=0.25), "b": SimpleNamespace(memory_share=0.5)}
+    assert inventory.replica_memory(running) == {"a": round(0.25 * CARD_MB),
+                                                 "b": round(0.5 * CARD_MB)}  # fmt: skip
+    inventory.memory_taken["a"] = 40_000
+    assert inventory.replica_memory(running)["a"] == 40_000
