@@ -11,10 +11,18 @@ by models of the processes around it, with the timing those processes have by de
 |               | a move is reported at once                    |                                 |
 | engines       | `slots` requests at once, a FIFO queue behind;| bench/multiplex.py's Settings   |
 |               | sleep and wake move weights over the node's   |                                 |
-|               | host link, shared by every move on it         |                                 |
+|               | host link, shared by every move on it; the    |                                 |
+|               | engines awake on one card share its compute   |                                 |
 | router        | least in flight; parks requests for a model   | router.server.Settings; routes  |
 |               | with no route; acks (a report) at once on a   | `route_delay_s` after the tick  |
 |               | new table and when a withdrawn replica drains |                                 |
+
+Engines on one card share its compute by processor sharing: while k of them run requests, each
+runs at 1/k of its speed alone (a request's first token and its end both come k times later).
+That is a pessimistic bound, and an honest one: it assumes each engine alone saturates the card,
+where a small model's decode steps leave most of an H100's compute idle (memory-bound), so
+real co-resident engines slow each other less (MuxServe and Prism measure 1.8-3.3x the
+attainment of a card per model); and an engine's own batch (`slots`) still costs it nothing.
 
 What the real parts would do to a request is counted, never forgiven: a request sent to an
 engine that is not awake, or to a replica without its adapter, fails; a request running or
@@ -54,6 +62,21 @@ class Request:
     failed: bool = False  # sent to an engine that could not serve it
     cut: bool = False  # cut by a stop, a sleep or an unload
     replica: str = ""
+    # Compute, in seconds of its engine alone on its cards: all of it, the part done when its
+    # first token comes, and the part done as of `done_at`.
+    work_s: float = 0.0
+    first_at_s: float = 0.0
+    done_s: float = 0.0
+    done_at: float = 0.0
+    finish_event: int = 0  # the finish scheduled last (a change of speed moves it)
+
+    def advance(self, now: float, speed: float) -> None:
+        """Its compute from `done_at` to `now` at `speed`; its first token when it passes."""
+        before = self.done_s
+        self.done_s += (now - self.done_at) * speed
+        if self.first_token < 0 and self.done_s >= self.first_at_s - 1e-12:
+            self.first_token = self.done_at + (self.first_at_s - before) / speed
+        self.done_at = now
 
     @property
     def ttft(self) -> float:
@@ -96,7 +119,7 @@ class Events:
         self.now = end
 
 
-@dataclass
+@dataclass(eq=False)
 class Engine:
     replica: str
     model: str
@@ -107,6 +130,8 @@ class Engine:
     running: set = field(default_factory=set)
     queue: deque = field(default_factory=deque)
     adapters: dict[str, float] = field(default_factory=dict)  # name -> loaded from then
+    cards: list = field(default_factory=list)  # (node, index) of each of its cards
+    speed: float = 1.0  # of its speed alone: 1/k while k engines on a card of it run requests
 
     def holds(self, adapter: str, now: float) -> bool:
         return self.adapters.get(adapter, now + 1) <= now
@@ -151,6 +176,7 @@ class Node:
             engine = self.engines.get(rid)
             if engine is None:
                 engine = self.engines[rid] = Engine(rid, a["model"], len(a["gpus"]), "starting")
+                engine.cards = [(self.name, index) for index in a["gpus"]]
                 engine.ready_at = now + sim.timing.cold_start_s
                 sim.events.at(engine.ready_at, self.started, engine)
                 sim.count("cold_starts")
@@ -326,6 +352,7 @@ class Sim:
         self.nodes = {name: Node(self, name) for name in nodes}
         self.router = Router(self)
         self.counters: dict[str, int] = defaultdict(int)
+        self.running_on: dict[tuple, set] = defaultdict(set)  # card -> engines running on it
         self.gpu_seconds_awake = 0.0
         self.tick_due = 0.0
         self.last_tick = -1.0
@@ -392,15 +419,49 @@ class Sim:
             self.start(engine, engine.queue.popleft())
 
     def start(self, engine: Engine, request: Request, extra_s: float = 0.0) -> None:
+        """`extra_s`: what the engine does for it before its answer (an adapter's load)."""
         now = self.events.now
+        request.work_s = extra_s + self.timing.service_s
+        request.first_at_s = extra_s + self.timing.engine_ttft_s
+        request.done_s, request.done_at = 0.0, now
         engine.running.add(request)
-        request.first_token = now + extra_s + self.timing.engine_ttft_s
-        self.events.at(now + extra_s + self.timing.service_s, self.finish, engine, request)
+        if len(engine.running) == 1:
+            self.share_changed(engine)
+        self.schedule_finish(engine, request)
 
-    def finish(self, engine: Engine, request: Request) -> None:
-        if request.cut or request not in engine.running:
+    def schedule_finish(self, engine: Engine, request: Request) -> None:
+        request.finish_event += 1
+        left = (request.work_s - request.done_s) / engine.speed
+        self.events.at(self.events.now + left, self.finish, engine, request,
+                       request.finish_event)  # fmt: skip
+
+    def share_changed(self, engine: Engine) -> None:
+        """`engine` began or ceased to run requests: the engines on its cards share them anew."""
+        now = self.events.now
+        for card in engine.cards:
+            if engine.running:
+                self.running_on[card].add(engine)
+            else:
+                self.running_on[card].discard(engine)
+        touched = {e for card in engine.cards for e in self.running_on[card]} | {engine}
+        for other in touched:
+            busiest = max((len(self.running_on[c]) for c in other.cards), default=1)
+            speed = 1.0 / max(1, busiest)
+            if speed == other.speed:
+                continue
+            for request in other.running:
+                request.advance(now, other.speed)
+            other.speed = speed
+            for request in other.running:
+                self.schedule_finish(other, request)
+
+    def finish(self, engine: Engine, request: Request, event: int = 0) -> None:
+        if request.cut or request not in engine.running or event != request.finish_event:
             return
+        request.advance(self.events.now, engine.speed)
         engine.running.discard(request)
+        if not engine.running:
+            self.share_changed(engine)
         self.router.done(request)
         if engine.state == "ready":
             self.drain_queue(engine)
@@ -408,10 +469,14 @@ class Sim:
     def cut(self, engine: Engine, requests) -> None:
         for request in list(requests):
             request.cut = True
+            if request in engine.running:
+                request.advance(self.events.now, engine.speed)
             engine.running.discard(request)
             if request in engine.queue:
                 engine.queue.remove(request)
             self.router.done(request)
+        if not engine.running:
+            self.share_changed(engine)
 
     def cut_all(self, engine: Engine) -> None:
         self.cut(engine, list(engine.running) + list(engine.queue))

@@ -1,17 +1,28 @@
 """More models than cards: one trace, four policies, the control plane's own decisions.
 
     python -m bench.multiplex [--models 24] [--cards 8] [--minutes 30] [--cv 1 2 4]
-                              [--seeds 7 8 9] [--wake-s 2] [--cold-start-s 60] ...
-    python -m bench.multiplex --sweep   # the table of docs/operations.md
+                              [--seeds 7 8 9] [--wake-s 2] [--cold-start-s 60]
+                              [--trace zipf|aegaeon] ...
+    python -m bench.multiplex --sweep           # the table of docs/operations.md
+    python -m bench.multiplex --cards-for 0.99  # the cards each policy needs, both traces
 
-A trace of requests (Zipf popularity over the models, gamma inter-arrival times with a given
+A trace of requests (popularity over the models, gamma inter-arrival times with a given
 coefficient of variation: bursts) is played against each policy:
 
 - pinned: one replica per model, the most popular first, never stopped; what does not fit on
   the cards is never served (its requests wait out the router's park timeout)
 - cold: models scale to zero when idle and make room by stopping idle ones (a cold start)
-- sleep: the same, with engines that sleep when idle and wake on a request
-- dedicated: a card for every model the trace asks for, nothing ever stopped: the bound
+- sleep: the same, with engines that sleep when idle and wake on a request; each engine takes
+  the default share of a card (0.9), so a card holds one awake engine
+- packed: sleep, with each model's `gpu_memory` set as a platform team sets it (CATALOGUE): a
+  card holds every awake engine and sleeper whose memory fits
+- dedicated: a card (or the cards its size needs) for every model the trace asks for, nothing
+  ever stopped: the bound
+
+Models have real sizes (CATALOGUE, from public model cards) and engines on one card share its
+compute (bench/fleetsim.py: processor sharing, a pessimistic bound). Popularity is Zipf, or
+Aegaeon-shaped (`--trace aegaeon`: a few hot models take ~98.5% of requests, as 94% of models
+took 1.4% in Alibaba's production study, Aegaeon, SOSP'25).
 
 The control plane is the real one; the processes around it are bench/fleetsim.py's models,
 with the defaults of the real ones (the server's tick and heartbeat pacing, the router's
@@ -39,7 +50,44 @@ from controlplane.vocabulary.idle import IdleTracker
 
 CARD_MB = 81559  # H100-80GB, as NVML counts it
 HOST_MB = 2 * 1024 * 1024  # a DGX-class node's 2 TiB
-POLICIES = ("pinned", "cold", "sleep", "dedicated")
+POLICIES = ("pinned", "cold", "sleep", "packed", "dedicated")
+SLEEPING = ("sleep", "packed")
+TRACES = ("zipf", "aegaeon")
+
+
+@dataclass(frozen=True)
+class Size:
+    params: str  # as the model cards name them
+    weights_gb: float  # at bf16, two bytes a parameter
+    gpu_memory: str | None  # what a platform team sets: weights and KV cache (None: 0.9 of
+    # the card, vLLM's default)
+    gpus: int = 1
+
+
+# From the public model cards (Hugging Face: Qwen2.5-1.5B/3B/7B/14B/32B-Instruct,
+# Llama-3.1-8B/70B-Instruct), weights at bf16; `gpu_memory` adds KV cache for about 64k tokens
+# of context at each size (an 8B's GQA cache is 128 KiB a token), which is how vLLM's
+# --gpu-memory-utilization is set when engines share a card. A 32B fills an 80 GB card; a 70B
+# takes two.
+CATALOGUE = {
+    "1.5b": Size("1.5B", 3.1, "10GB"),
+    "3b": Size("3B", 6.2, "14GB"),
+    "7b": Size("7B", 15.2, "24GB"),
+    "8b": Size("8B", 16.1, "24GB"),
+    "14b": Size("14B", 29.5, "40GB"),
+    "32b": Size("32B", 65.5, None),
+    "70b": Size("70B", 141.1, None, gpus=2),
+}
+# A platform's catalogue: mostly small models, a few large ones (the mix of 24).
+MIX = ["1.5b"] * 4 + ["3b"] * 4 + ["7b"] * 5 + ["8b"] * 5 + ["14b"] * 4 + ["32b"] * 2
+
+
+def size_of(name: str) -> Size:
+    """A model's size: the mix, strided so that size and popularity are unrelated (m00, the
+    most popular, is small; m10 a 32B); a name outside the models (a base) is an 8B."""
+    if not (name.startswith("m") and name[1:].isdigit()):
+        return CATALOGUE["8b"]
+    return CATALOGUE[MIX[(int(name[1:]) * 7) % len(MIX)]]
 
 
 @dataclass(frozen=True)
@@ -47,9 +95,12 @@ class Settings:
     models: int = 24
     cards: int = 8
     minutes: float = 30.0
-    rate: float = 0.5  # requests a second, all models together
+    rate: float = 2.0  # requests a second, all models together: the hot ones under real load
     cv: float = 2.0  # of the inter-arrival times: 1 is Poisson, more is burstier
     zipf: float = 1.1
+    trace: str = "zipf"  # or "aegaeon": `hot` models take `hot_share` of the requests
+    hot: int = 3
+    hot_share: float = 0.985
     cold_start_s: float = 60.0  # vLLM's, for a small model (vllm #20264)
     wake_s: float = 2.0  # level-1 wake, alone on the node's host link
     sleep_s: float = 1.0  # level-1 offload to host memory, alone on the link
@@ -95,7 +146,7 @@ def trace(s: Settings) -> list[tuple[float, str]]:
     request for a model drawn by Zipf popularity."""
     rng = random.Random(s.seed)
     names = model_names(s.models)
-    weights = [1 / (rank + 1) ** s.zipf for rank in range(s.models)]
+    weights = popularity(s)
     shape = 1 / (s.cv * s.cv)
     scale = (1 / s.rate) / shape
     out, at = [], 0.0
@@ -104,6 +155,21 @@ def trace(s: Settings) -> list[tuple[float, str]]:
         if at >= s.minutes * 60:
             return out
         out.append((at, rng.choices(names, weights)[0]))
+
+
+def popularity(s: Settings) -> list[float]:
+    """Each model's share of the requests, the most popular first."""
+    if s.trace == "aegaeon":
+        hot = min(s.hot, s.models)
+        tail = s.models - hot
+        if not tail:
+            return [1.0] * hot
+        hot_weights = [1 / (rank + 1) for rank in range(hot)]
+        scale = s.hot_share / sum(hot_weights)
+        return [w * scale for w in hot_weights] + [(1 - s.hot_share) / tail] * tail
+    if s.trace != "zipf":
+        raise ValueError(f"trace: one of {', '.join(TRACES)}, got {s.trace!r}")
+    return [1 / (rank + 1) ** s.zipf for rank in range(s.models)]
 
 
 def model_names(count: int) -> list[str]:
@@ -120,11 +186,16 @@ def spec_for(name: str, policy: str, s: Settings) -> dict:
         "replicas": 1,
         "min_residency": s.residency_s,
     }
-    if policy in ("cold", "sleep"):
+    size = size_of(name)
+    if size.gpus > 1:
+        body["gpus_per_replica"] = size.gpus
+    if policy in ("cold", *SLEEPING):
         body |= {"min_replicas": 0, "scale_to_zero_after": s.scale_to_zero_after_s}
-    if policy == "sleep":
+    if policy in SLEEPING:
         body["sleep"] = {"level": 1, "after": s.sleep_after_s, "wake_timeout": "10m"}
         body["min_residency"] = s.sleep_residency_s
+    if policy == "packed" and size.gpu_memory is not None:
+        body["gpu_memory"] = size.gpu_memory
     return body
 
 
@@ -184,8 +255,10 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def cards_for(policy: str, s: Settings, arrivals) -> int:
-    """Dedicated has a card for every model the trace asks for; the others `s.cards`."""
-    return len({model for _, model in arrivals}) if policy == "dedicated" else s.cards
+    """Dedicated has the cards of every model the trace asks for; the others `s.cards`."""
+    if policy != "dedicated":
+        return s.cards
+    return sum(size_of(model).gpus for model in {model for _, model in arrivals})
 
 
 def run(
@@ -292,6 +365,13 @@ def markdown_table(rows: list[list[str]]) -> str:
 
 def verdict(s: Settings, results: dict[str, Result]) -> str:
     sleep, dedicated = results["sleep"], results["dedicated"]
+    packed = results.get("packed")
+    packing = (
+        f"; packed {packed.attainment / max(dedicated.attainment, 1e-9):.2f}x dedicated"
+        f" (goal 0.99), p99 swapped TTFT {percentile(packed.swapped_ttft, 99):.2f} s"
+        if packed is not None
+        else ""
+    )
     best_other = max(results["pinned"].attainment, results["cold"].attainment)
     return (
         f"sleep {sleep.attainment / max(dedicated.attainment, 1e-9):.2f}x dedicated's SLO"
@@ -299,8 +379,52 @@ def verdict(s: Settings, results: dict[str, Result]) -> str:
         f" {sleep.attainment / max(best_other, 1e-9):.2f}x the better of pinned and cold"
         f" (goal 1.2); refused {100 * sleep.refused_share:.2f}% (goal 1%), failed or cut"
         f" {sleep.failed + sleep.cut} (goal 0); p99 swapped TTFT"
-        f" {percentile(sleep.swapped_ttft, 99):.2f} s (goal {s.swap_bound_s:.2f} s)"
+        f" {percentile(sleep.swapped_ttft, 99):.2f} s (goal {s.swap_bound_s:.2f} s)" + packing
     )
+
+
+def cards_needed(policy: str, s: Settings, arrivals, goal: float, workdir: Path,
+                 bound: float) -> int | None:  # fmt: skip
+    """The fewest cards on which `policy` serves `arrivals` with at least `goal` x `bound` of
+    its requests within the SLO (bisection: attainment grows with cards), or None when even
+    as many cards as dedicated has do not."""
+    most = cards_for("dedicated", s, arrivals)
+    least = max(size_of(name).gpus for name in model_names(s.models))
+
+    def enough(cards: int) -> bool:
+        return run(policy, arrivals, s, workdir, cards=cards).attainment >= goal * bound
+
+    if not enough(most):
+        return None
+    while least < most:
+        middle = (least + most) // 2
+        if enough(middle):
+            most = middle
+        else:
+            least = middle + 1
+    return most
+
+
+def buyers_table(s: Settings, goal: float, wakes=(0.5, 2.0, 6.0), policies=("sleep", "packed")):
+    """Rows of the cards each policy needs for `goal` x dedicated's SLO attainment, for each
+    trace and wake time, with the models per card that follows; a row at a time."""
+    for trace_name in TRACES:
+        for wake_s in wakes:
+            point = replace(s, trace=trace_name, wake_s=wake_s, sleep_s=wake_s / 2)
+            arrivals = trace(point)
+            with tempfile.TemporaryDirectory() as tmp:
+                dedicated = run("dedicated", arrivals, point, Path(tmp))
+                row = [trace_name, f"{wake_s:g}", f"{dedicated.cards}",
+                       f"{100 * dedicated.attainment:.1f}%"]  # fmt: skip
+                for policy in policies:
+                    cards = cards_needed(policy, point, arrivals, goal, Path(tmp),
+                                         dedicated.attainment)  # fmt: skip
+                    row += (
+                        [f">{dedicated.cards}", "-"]
+                        if cards is None
+                        else [str(cards), f"{s.models / cards:.1f}"]
+                    )
+            yield row
 
 
 SWEEP_WAKE_S = (0.5, 1.0, 2.0, 4.0, 6.0)
@@ -343,8 +467,27 @@ def main() -> None:
     parser.add_argument("--cv", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[7, 8, 9])
     parser.add_argument("--sweep", action="store_true", help="the wake and cold-start table")
+    parser.add_argument(
+        "--cards-for",
+        type=float,
+        metavar="SHARE",
+        help="the cards sleep and packed need for SHARE x dedicated's SLO attainment, on both"
+        " traces at wakes of 0.5, 2 and 6 s (the first of --seeds)",
+    )
     args = vars(parser.parse_args())
     seeds, cvs, sweeping = args.pop("seeds"), args.pop("cv"), args.pop("sweep")
+    share = args.pop("cards_for")
+    if share is not None:
+        headers = ["trace", "wake s", "dedicated cards", "dedicated within SLO",
+                   "sleep cards", "sleep models/card", "packed cards", "packed models/card"]
+        rows = [headers]  # fmt: skip
+        print(f"{args['models']} models, {args['minutes']:g} min; cards for {share:g} x"
+              f" dedicated; each row takes a minute or more", flush=True)  # fmt: skip
+        for row in buyers_table(Settings(**args, cv=cvs[len(cvs) // 2], seed=seeds[0]), share):
+            rows.append(row)
+            print(" | ".join(row), flush=True)
+        print(markdown_table(rows))
+        return
     if sweeping:
         rows = [SWEEP_HEADERS]
         for row in sweep(Settings(**args, cv=cvs[len(cvs) // 2]), seeds):

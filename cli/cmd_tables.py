@@ -11,15 +11,15 @@ from cli.render import duration, idle_text, table
 
 
 def card_residents(cards: list[dict]) -> str:
-    """Each card's share of memory held and who is on it: `0:62%[a-1f2e,b-3c4d] 1:-`."""
+    """Each occupied card's share of memory held and who is on it, then how many are empty:
+    `0:62%[a-1f2e,b-3c4d] 3:27%[c-5a6b] +6 empty`."""
     shown = []
     for card in cards:
-        if not card["residents"]:
-            shown.append(f"{card['index']}:-")
-            continue
-        share = f"{100 * card['held_mb'] // card['memory_mb']}%" if card["memory_mb"] else "?"
-        shown.append(f"{card['index']}:{share}[{','.join(card['residents'])}]")
-    return " ".join(shown)
+        if card["residents"]:
+            share = f"{100 * card['held_mb'] // card['memory_mb']}%" if card["memory_mb"] else "?"
+            shown.append(f"{card['index']}:{share}[{','.join(card['residents'])}]")
+    empty = sum(1 for card in cards if not card["residents"])
+    return " ".join(shown + ([f"+{empty} empty"] if empty else [])) or "-"
 
 
 def node_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:

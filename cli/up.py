@@ -47,8 +47,9 @@ RESTARTS_PER_MINUTE = 5
 
 
 def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list[dict]:
-    """Two models that fit, and a third that fits only on the cards of the second: more
-    models than cards, swapped on request (min_replicas 0, a short min_residency)."""
+    """Two models that fit, a small one packed on a card beside the first, and a fourth that
+    fits only on the cards of the second: more models than cards, swapped on request
+    (min_replicas 0, a short min_residency)."""
     first = gpu_classes[0]
     second = gpu_classes[1] if len(gpu_classes) > 1 else first
     sizes = [n["gpus_by_class"][second]["total"] for n in nodes or [] if second in n["gpu_classes"]]
@@ -63,6 +64,17 @@ def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list
             "gpus_per_replica": 1,
             "command": DEMO_COMMAND,
             "idle_after": "30m",
+            # 16 GB of weights and KV cache on top: it shares its card with what else fits.
+            "gpu_memory": "24GB",
+        },
+        {
+            "name": "qwen2.5-1.5b",
+            "gpu_class": first,
+            "replicas": 1,
+            "gpus_per_replica": 1,
+            "command": DEMO_COMMAND,
+            "idle_after": "30m",
+            "gpu_memory": "10GB",  # packed beside a llama-3.1-8b, awake on the same card
         },
         {
             "name": "qwen2.5-7b",

@@ -69,6 +69,7 @@ def test_three_models_share_a_card_and_a_fourth_puts_the_idlest_to_sleep(procs, 
     assert all(ready(fleet)[m]["id"] in wide for m in ("alpha", "beta", "gamma")), wide
 
     assert call("POST", fleet.url + "/v1/models", small("delta", "40GB"))[0] == 201
+    wait_until(lambda: "delta" in [m.id for m in api.models.list()], what="delta's route")
     answer = api.chat.completions.create(model="delta", messages=[], max_tokens=2)
     assert answer.model == "delta"
     streaming.join(timeout=30)

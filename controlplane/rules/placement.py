@@ -72,14 +72,16 @@ class Placer:
     reserving as it goes: a tick costs O(nodes + replicas), not O(models x nodes).
 
     `held`: cards taken whole (kept for a waiting model). `used`: MiB each card's engines
-    hold (awake engines' `gpu_memory`, sleepers' asleep memory). `load`: requests on what is
-    awake on each card. `busy`: models with requests now.
+    hold (awake engines' `gpu_memory`, sleepers' asleep memory). `load`: requests in flight
+    on what is awake on each card.
 
-    Which card, for a replica of one GPU: a quiet model packs onto the fullest shared card
-    it fits beside, so that whole cards and nodes stay free; a busy one takes an empty card
-    (best fit by node) or, failing that, the least-loaded card that fits, so that two busy
-    models seldom share a card's compute. Several GPUs: the fullest node that fits, its
-    emptiest cards first.
+    Which card, for a replica of one GPU: an empty card while there is one (the fullest node
+    that has one, so that whole nodes stay free), since engines on one card share its compute;
+    then the shared card it fits beside with the least load, the fullest first among equals
+    (packed, so that memory stays whole elsewhere for a larger model). Never a card that holds
+    the same model. Several GPUs: the fullest node that fits, its emptiest cards first.
+    bench/multiplex.py measured the other order (quiet models packed first): adding cards
+    then did not help, since engines stayed packed beside the popular ones.
     """
 
     def __init__(
@@ -88,7 +90,6 @@ class Placer:
         held: set[tuple[str, int]],
         used: dict[tuple[str, int], int] | None = None,
         load: dict[tuple[str, int], float] | None = None,
-        busy: frozenset[str] | set[str] = frozenset(),
         models_on: dict[tuple[str, int], set[str]] | None = None,
     ) -> None:
         """`models_on`: the models each card already holds (a model's replicas go to cards
@@ -98,7 +99,6 @@ class Placer:
         self.used: dict[tuple[str, int], int] = {gpu: mb for gpu, mb in (used or {}).items()
                                                  if mb > 0}  # fmt: skip
         self.load = load or {}
-        self.busy = busy
         self.models_on: dict[tuple[str, int], set[str]] = {
             gpu: set(models) for gpu, models in (models_on or {}).items()
         }
@@ -114,12 +114,11 @@ class Placer:
 
     def place(self, spec: ModelSpec, count: int) -> Outcome:
         capacity = self.capacity(spec.gpu_class, spec.gpu_memory_mb)
-        busy = spec.name in self.busy
         placements: list[list[Slice]] = []
         for _ in range(count):
             if spec.nodes_per_replica == 1:
                 avoid = {gpu for gpu, models in self.models_on.items() if spec.name in models}
-                chosen = capacity.pick_one_node(spec.gpus_per_replica, busy, avoid)
+                chosen = capacity.pick_one_node(spec.gpus_per_replica, avoid)
             else:
                 chosen = capacity.pick_fabric_nodes(spec.gpus_per_replica, spec.nodes_per_replica)
             if chosen is None:
@@ -247,37 +246,31 @@ class _Capacity:
                                     key=lambda i: (self.shared.get((name, i), 0), i)))
 
     def pick_one_node(
-        self, gpus: int, busy: bool = False, avoid: set[tuple[str, int]] | frozenset = frozenset()
+        self, gpus: int, avoid: set[tuple[str, int]] | frozenset = frozenset()
     ) -> list[Slice] | None:
         """Cards on one node, none of them in `avoid` (those that hold this model already)."""
         if gpus == 1 and self.shared:
-            card = self._shared_card(busy, avoid)
+            empty = self._best_fit(1, avoid, empty_only=True)
+            if empty is not None:
+                return empty
+            card = min((g for g in self.shared if g not in avoid), default=None,
+                       key=lambda g: (self.load.get(g, 0), -self.shared[g], g))  # fmt: skip
             if card is not None:
                 return [self.take(card[0], 1, [card[1]])]
-        # Best fit: the fullest node that fits, so that whole nodes stay free; the name breaks
-        # ties so that the same snapshot always gives the same answer.
+        return self._best_fit(gpus, avoid)
+
+    def _best_fit(self, gpus: int, avoid, empty_only: bool = False) -> list[Slice] | None:
+        """The fullest node that fits, so that whole nodes stay free (the name breaks ties, so
+        that the same snapshot always gives the same answer); its emptiest cards."""
         for count in sorted(self.by_count):
             if count < gpus:
                 continue
             for name in self.by_count[count]:
-                choice = [i for i in self.free[name] if (name, i) not in avoid][:gpus]
+                choice = [i for i in self.free[name] if (name, i) not in avoid
+                          and not (empty_only and (name, i) in self.shared)][:gpus]  # fmt: skip
                 if len(choice) == gpus:
                     return [self.take(name, gpus, choice)]
         return None
-
-    def _shared_card(self, busy: bool, avoid) -> tuple[str, int] | None:
-        """The shared card a replica of one GPU goes to (None: an empty card instead)."""
-        shared = [gpu for gpu in self.shared if gpu not in avoid]
-        if not shared:
-            return None
-        if not busy:
-            return min(shared, key=lambda gpu: (-self.shared[gpu], self.load.get(gpu, 0), gpu))
-        has_empty = any(
-            (name, index) not in self.shared for name, free in self.free.items() for index in free
-        )
-        if has_empty:
-            return None
-        return min(shared, key=lambda gpu: (self.load.get(gpu, 0), self.shared[gpu], gpu))
 
     def whole_count(self, fabric: str, gpus: int) -> int:
         return sum(len(names) for size, names in self.whole[fabric].items() if size >= gpus)

@@ -138,12 +138,6 @@ class FleetView:
         memory (sleepers at level 1)."""
         return memory_of(list(self.replicas.values()), self.specs, self.nodes)
 
-    def busy_models(self) -> set[str]:
-        """Models with requests in flight or waiting now."""
-        in_flight = self.idle.in_flight(self.now)
-        busy = {r.model for rid, n in in_flight.items() if n and (r := self.replicas.get(rid))}
-        return busy | set(self.wanted())
-
     def card_load(self) -> dict[tuple[str, int], float]:
         """Requests in flight on what is awake on each card."""
         in_flight = self.idle.in_flight(self.now)
@@ -165,7 +159,6 @@ class FleetView:
             set(self.reserved_gpus(but_for)) | set(also_held),
             self.sleepers().used(),
             self.card_load(),
-            self.busy_models(),
             self.models_on_cards(),
         )
 

@@ -109,11 +109,14 @@ def test_gpuctl_up_end_to_end(tmp_path):
         assert len(streamed) > 2
 
         first = status()
-        assert first["replicas"]["by_state"] == {"Ready": 3}
+        assert first["replicas"]["by_state"] == {"Ready": 4}
         assert first["capacity"]["H100-80GB"]["total"] == 16
         assert first["capacity"]["A100-80GB"]["total"] == 8
         used_gpus = sum(c["used"] for c in first["capacity"].values())
-        assert used_gpus == 4
+        assert used_gpus == 4, "qwen2.5-1.5b is packed beside a llama-3.1-8b, on its card"
+        nodes = json.loads(gpuctl("nodes", "-o", "json"))["items"]
+        shared = [c for n in nodes for c in n["cards"] if len(c["residents"]) == 2]
+        assert len(shared) == 1 and shared[0]["held_mb"] > 0
         wait_until(
             lambda: any(r["idle_state"] == "exact" for r in replicas().values()),
             what="the used replica to be seen used",
@@ -165,10 +168,10 @@ def test_gpuctl_up_end_to_end(tmp_path):
             json.loads(p.read_text())["pid"]
             for p in (fleet_dir / "agent" / "nodes").glob("*/replicas/*.json")
         ]
-        assert len(engines) == 3
+        assert len(engines) == 4
         children += engines
 
-        # More models than cards: the third demo model fits only on the cards qwen holds.
+        # More models than cards: the last demo model fits only on the cards qwen holds.
         gpuctl("sim", "gpu-heal", node, str(free_gpu))
         wait_until(lambda: status()["capacity"]["H100-80GB"]["unhealthy"] == 0, what="healed")
         big = json.loads(gpuctl("models", "llama-3.1-405b", "-o", "json"))

@@ -83,6 +83,7 @@ class OneAnswer:
 class Quiet:
     def __init__(self) -> None:
         self.applied = []
+        self.running = {}
 
     async def check(self, session) -> None:
         pass

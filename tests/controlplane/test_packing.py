@@ -47,11 +47,12 @@ def test_three_small_models_share_one_card():
 
 def test_a_spec_without_gpu_memory_keeps_a_card_to_itself():
     placer = Placer([card_node(cards=2)], set())
-    assert placer.place(model("small", gb=20), 1).placements == [[Slice("n1", [0])]]
-    assert placer.place(model("big"), 1).placements == [[Slice("n1", [1])]]
+    assert placer.place(model("big"), 1).placements == [[Slice("n1", [0])]]
+    assert placer.place(model("small", gb=20), 1).placements == [[Slice("n1", [1])]]
+    assert placer.place(model("small-2", gb=20), 1).placements == [[Slice("n1", [1])]]
     outcome = placer.place(model("other"), 1)
     assert outcome.placements == []
-    assert "n1/0, has" in outcome.reason and "short by" in outcome.reason
+    assert "n1/1, has" in outcome.reason and "short by" in outcome.reason
 
 
 def test_the_reason_says_which_card_is_short_and_by_how_much():
@@ -62,19 +63,30 @@ def test_the_reason_says_which_card_is_short_and_by_how_much():
     assert f"short by {30 * GB - free} MiB" in outcome.reason
 
 
-def test_a_quiet_model_packs_and_a_busy_one_takes_a_card_of_its_own():
+def test_an_empty_card_first_then_the_least_loaded_shared_one():
     used = {("n1", 0): 20 * GB}
-    quiet = Placer([card_node(cards=2)], set(), used).place(model("quiet", gb=20), 1)
-    assert quiet.placements == [[Slice("n1", [0])]], "beside the engine already there"
-    busy = Placer([card_node(cards=2)], set(), used, busy={"hot"}).place(model("hot", gb=20), 1)
-    assert busy.placements == [[Slice("n1", [1])]], "the empty card, not a shared one"
-
-
-def test_a_busy_model_goes_to_the_least_loaded_shared_card():
-    used = {("n1", 0): 20 * GB, ("n1", 1): 20 * GB}
+    first = Placer([card_node(cards=2)], set(), used).place(model("a", gb=20), 1)
+    assert first.placements == [[Slice("n1", [1])]], "an empty card: compute is not shared"
+    used = {("n1", 0): 20 * GB, ("n1", 1): 30 * GB}
     load = {("n1", 0): 12, ("n1", 1): 1}
-    placer = Placer([card_node(cards=2)], set(), used, load, busy={"hot"})
-    assert placer.place(model("hot", gb=20), 1).placements == [[Slice("n1", [1])]]
+    busy_first = Placer([card_node(cards=2)], set(), used, load).place(model("b", gb=20), 1)
+    assert busy_first.placements == [[Slice("n1", [1])]], "the least loaded"
+    quiet = Placer([card_node(cards=2)], set(), used).place(model("c", gb=20), 1)
+    assert quiet.placements == [[Slice("n1", [1])]], "equal loads: the fullest, packed"
+
+
+def test_an_empty_card_on_the_fullest_node_keeps_whole_nodes_free():
+    used = {("a", 0): 10 * GB}
+    nodes = [card_node("a", cards=2), card_node("b", cards=2)]
+    assert Placer(nodes, set(), used).place(model("x", gb=20), 1).placements == [
+        [Slice("a", [1])]
+    ]
+
+
+def test_replicas_of_one_model_go_to_cards_apart():
+    placer = Placer([card_node(cards=2)], set(), models_on={("n1", 0): {"a"}},
+                    used={("n1", 0): 20 * GB})  # fmt: skip
+    assert placer.place(model("a", gb=20), 2).placements == [[Slice("n1", [1])]]
 
 
 def room_inputs(replicas, specs, in_flight=None, idle=None):
@@ -132,10 +144,11 @@ def test_nothing_is_taken_when_the_waiting_model_fits_beside():
 @given(
     sizes=st.lists(st.one_of(st.none(), st.integers(1, 90)), min_size=1, max_size=12),
     cards=st.integers(1, 3),
-    busy=st.sets(st.integers(0, 11)),
+    loads=st.lists(st.integers(0, 5), min_size=3, max_size=3),
 )
-def test_no_card_holds_more_than_its_memory(sizes, cards, busy):
-    placer = Placer([card_node(cards=cards)], set(), busy={f"m{i}" for i in busy})
+def test_no_card_holds_more_than_its_memory(sizes, cards, loads):
+    load = {("n1", i): n for i, n in enumerate(loads)}
+    placer = Placer([card_node(cards=cards)], set(), load=load)
     held: dict = {}
     for i, gb in enumerate(sizes):
         spec_ = model(f"m{i}", gb=gb)
@@ -208,12 +221,24 @@ def asleep_beside(make_fleet, clock, cards, a_fields, b_fields):
     reconciler.tick()
     (a,) = fleet.replicas_of("a")
     assert a.state == ReplicaState.ASLEEP
+    if cards > 1:  # the other cards full for now: b goes beside a's sleeper
+        fleet.apply(packed("filler", gpu_memory="70GB", replicas=cards - 1))
+        reconciler.tick()
+        obeying_agent(fleet, "n1")
+        reconciler.tick()
     fleet.apply(packed("b", **b_fields))
     reconciler.tick()
     obeying_agent(fleet, "n1")
     reconciler.tick()
     (b,) = fleet.replicas_of("b")
     assert b.state == ReplicaState.READY and b.placement[0].gpus == [0], "beside a's sleeper"
+    if cards > 1:  # and free again
+        fleet.delete("filler")
+        for _ in range(3):
+            router.report(in_flight={b.id: 1})
+            reconciler.tick()
+            obeying_agent(fleet, "n1")
+        assert fleet.replicas_of("filler") == []
     router.report(in_flight={b.id: 1})
     return fleet, reconciler, router, a, b
 
