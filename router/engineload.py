@@ -108,6 +108,10 @@ class _Connection(asyncio.Protocol):
         self.address = (parts.hostname, parts.port or 80)
         self.transport: asyncio.Transport | None = None
         self.connecting = False
+        # The connect under way: cancelled when the read is given up, since a connect to an
+        # engine that drops packets would otherwise hold its socket for the kernel's minutes.
+        self.opening: asyncio.Future | None = None
+        self.closed = False
         self.busy = False
         self.started = 0.0
         self.status = 0
@@ -123,6 +127,9 @@ class _Connection(asyncio.Protocol):
             self.transport.write(self.request)
 
     def connection_made(self, transport) -> None:
+        if self.closed:  # given up while it connected
+            transport.abort()
+            return
         self.transport = transport
         self.connecting = False
         if self.busy:
@@ -174,8 +181,13 @@ class _Connection(asyncio.Protocol):
             self.reader.done(self, outcome, page)
 
     def close(self) -> None:
-        """Drop the connection; the next read of this URL opens a new one."""
+        """Drop the connection and any connect under way; the next read of this URL opens a
+        new one."""
+        self.closed = True
         self.reader.forget(self)
+        opening, self.opening = self.opening, None
+        if opening is not None and not opening.done():
+            opening.cancel()
         transport, self.transport = self.transport, None
         if transport is not None:
             transport.abort()
@@ -287,8 +299,11 @@ class LoadReader:
         connection.connecting = True
         host, port = connection.address
         opening = asyncio.ensure_future(self.loop.create_connection(lambda: connection, host, port))
+        connection.opening = opening
 
         def opened(future: asyncio.Future) -> None:
+            if connection.opening is future:
+                connection.opening = None
             if future.cancelled() or future.exception() is not None:
                 connection.connecting = False
                 connection.finish("error")

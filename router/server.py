@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import socket
 import time
@@ -27,6 +28,21 @@ from router.tenantsfile import read_tenants_file
 
 log = logging.getLogger("gpurouter")
 ACK_POLL_S = 0.05  # how often the last requests on a replica that left the table are looked at
+
+
+def raise_descriptor_limit() -> int:
+    """The soft limit on open descriptors raised to the hard one, as nginx and Envoy do: each
+    client, each kept-alive engine connection and each engine read holds one, and the
+    default 1,024 runs out on a busy router long before its memory does. Returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # kept as it was; the start line says which
+    return soft
 
 
 @dataclass
@@ -96,6 +112,7 @@ class RouterServer:
     async def serve(self) -> None:
         settings = self.settings
         loop = asyncio.get_running_loop()
+        descriptors = raise_descriptor_limit()
         shared = None
         if settings.metrics_folder:
             shared = SharedMetrics(settings.metrics_folder, settings.worker)
@@ -128,11 +145,12 @@ class RouterServer:
         if settings.reload_routes is not None:
             loop.add_signal_handler(signal.SIGHUP, self.reload)
         log.info(
-            "gpurouter %s (incarnation %s) listening on http://%s:%d",
+            "gpurouter %s (incarnation %s) listening on http://%s:%d, %d descriptors",
             self.router_id,
             self.incarnation,
             settings.host,
             settings.port,
+            descriptors,
         )
         session = aiohttp.ClientSession(connector=control_plane_connector(settings.ca_file))
         if settings.control_plane:

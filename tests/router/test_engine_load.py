@@ -172,3 +172,73 @@ def test_the_sim_engine_refuses_a_metrics_fault_it_does_not_know():
     faults = Faults()
     faults.update({"metrics": "nan"})
     assert faults.metrics == "nan"
+
+
+def unanswering_listener():
+    """A loopback address whose connects hang, as to an engine that drops packets: a listener
+    whose backlog is full and which never accepts (Linux drops the SYNs past the backlog)."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(server.getsockname())
+        fillers.append(filler)
+    return server, fillers
+
+
+def open_descriptors() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("module", [_fastpath, fastpath_py], ids=["extension", "twin"])
+def test_an_engine_that_never_answers_a_connect_holds_no_descriptors(module):
+    server, fillers = unanswering_listener()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+
+    async def scenario():
+        table = module.EndpointTable()
+        table.update({"m": [("silent", url)]})
+        table.release(table.acquire("m"))
+        reader = LoadReader(table, interval_s=0.02)
+        reader.start()
+        try:
+            await asyncio.sleep(0.3)  # a few rounds: connects opened and given up
+            before = open_descriptors()
+            await asyncio.sleep(2.0)  # about fifty more rounds
+            after = open_descriptors()
+            assert reader.outcomes["timeout"] + reader.outcomes["error"] >= 20
+            assert after - before <= 2, f"{after - before} descriptors piled up"
+        finally:
+            reader.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for sock in (server, *fillers):
+            sock.close()
+
+
+@pytest.mark.integration
+def test_the_router_raises_its_descriptor_limit_and_says_so(procs):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # The router inherits a low soft limit, as from a shell's default ulimit -n.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+    try:
+        _, proc = procs.router("--backend", "m=http://127.0.0.1:1")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    limits = open(f"/proc/{proc.pid}/limits").read()
+    line = next(row for row in limits.splitlines() if row.startswith("Max open files"))
+    soft_seen, hard_seen = line.split()[3:5]
+    assert soft_seen == hard_seen, line
+    assert f"{soft_seen} descriptors" in procs.log(proc)
+    assert hard == resource.RLIM_INFINITY or int(hard_seen) == hard
