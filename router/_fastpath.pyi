@@ -52,7 +52,8 @@ class EndpointTable:
         prompt prefix, computed by the caller): rendezvous hashing with bounded loads, the
         endpoint with the highest score for the key among those whose in-flight count stays
         within ceil(load_factor * (model in-flight + 1) / usable endpoints); the least loaded
-        when none is. A slot >= 0, or NO_MODEL / NO_ENDPOINT / SATURATED."""
+        when none is. A slot >= 0, or NO_MODEL / NO_ENDPOINT / SATURATED (every usable
+        endpoint at max_in_flight)."""
     def release(self, slot: int, failed: bool = False) -> bool:
         """End a request on `slot`, stamping its last use; `failed` counts towards ejection
         (consecutive failures); safe on a slot whose endpoint was removed meanwhile.

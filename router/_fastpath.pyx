@@ -183,7 +183,7 @@ cdef class EndpointTable:
         not full.
 
         Returns the slot, or NO_MODEL (unknown model), NO_ENDPOINT (no usable endpoint),
-        SATURATED (the pick is at max_in_flight).
+        SATURATED (every usable endpoint is at max_in_flight).
         """
         cdef int32_t m, i, pos, slot, load, best = -1, best_pos = 0, best_load = 0
         cdef int32_t usable = 0, model_load = 0, n_excluded = 0, top = -1
@@ -228,6 +228,11 @@ cdef class EndpointTable:
             usable += 1
             load = slot_load(s, now)
             model_load += load
+            # The cap is on this router's own requests, whatever the engines say: a full
+            # endpoint is passed over for one with room, never waited for while one has it.
+            if self.max_in_flight > 0 and s.in_flight >= self.max_in_flight:
+                pos += 1
+                continue
             if best == -1 or load < best_load:
                 best = slot
                 best_pos = pos
@@ -240,7 +245,7 @@ cdef class EndpointTable:
             pos += 1
         if best == -1:
             table_lock_release(&self._lock)
-            return NO_ENDPOINT_
+            return SATURATED_ if usable else NO_ENDPOINT_
         if key != 0:
             # Most often the key's own endpoint is within the bound: no second pass then.
             s = &self._slots[top]
@@ -252,10 +257,6 @@ cdef class EndpointTable:
                 best = self._keyed_pick(
                     mdl, key, excluded, n_excluded, usable, model_load, best, now
                 )
-        # The cap is on this router's own requests, whatever the engines say.
-        if self.max_in_flight > 0 and self._slots[best].in_flight >= self.max_in_flight:
-            table_lock_release(&self._lock)
-            return SATURATED_
         s = &self._slots[best]
         s.in_flight += 1
         if key == 0:
@@ -276,6 +277,8 @@ cdef class EndpointTable:
             if s.ejected_until_ns != 0 or kv_full(s, now) or not within_bound(
                 slot_load(s, now), usable, self.load_factor, model_load
             ):
+                continue
+            if self.max_in_flight > 0 and s.in_flight >= self.max_in_flight:
                 continue
             if n_excluded and is_excluded(slot, excluded, n_excluded):
                 continue

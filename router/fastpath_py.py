@@ -174,15 +174,16 @@ class EndpointTable:
                 usable += 1
                 load = _load(s, now)
                 model_load += load
+                # The cap is on this router's own requests, whatever the engines say: a full
+                # endpoint is passed over for one with room, never waited for while one has it.
+                if self.max_in_flight > 0 and s.in_flight >= self.max_in_flight:
+                    continue
                 if best == -1 or load < best_load:
                     best, best_pos, best_load = slot, pos, load
             if best == -1:
-                return NO_ENDPOINT
+                return SATURATED if usable else NO_ENDPOINT
             if key:
                 best = self._keyed_pick(mdl, key, exclude, usable, model_load, best, now)
-            # The cap is on this router's own requests, whatever the engines say.
-            if self.max_in_flight > 0 and self._slots[best].in_flight >= self.max_in_flight:
-                return SATURATED
             s = self._slots[best]
             s.in_flight += 1
             if not key:
@@ -201,6 +202,7 @@ class EndpointTable:
                 or slot in exclude
                 or _kv_full(s, now)
                 or not within_bound(_load(s, now), usable, self.load_factor, model_load)
+                or (self.max_in_flight > 0 and s.in_flight >= self.max_in_flight)
             ):
                 continue
             score = key_score(key, s.id_hash)

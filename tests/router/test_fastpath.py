@@ -370,3 +370,27 @@ def test_without_readings_the_pick_is_todays(loaded_table):
     table = loaded_table
     picks = [table.acquire("m") for _ in range(6)]
     assert sorted(picks) == sorted([slot_of(table, e) for e in "abc"] * 2)
+
+
+@pytest.mark.parametrize("keyed", [0, 12345], ids=["least", "keyed"])
+def test_a_replica_full_of_our_requests_is_passed_over_for_one_with_room(fastpath, keyed):
+    module = fastpath
+    table = module.EndpointTable(max_in_flight=2)
+    table.update({"m": [("full", "http://a"), ("room", "http://b")]})
+    table._pin_clock(100.0)
+    full, room = slot_of(table, "full"), slot_of(table, "room")
+    table.release(table.acquire("m"))
+    marks = {slot: mark for slot, _, _, mark in table.load_targets(60)}
+    # Ours fill `full` to the cap; the engine behind `room` reports another router's queue.
+    assert table.set_load(full, "full", 0, 0, 0.1, marks[full], 0.3)
+    assert table.set_load(room, "room", 6, 8, 0.1, marks[room], 0.3)
+    while table.in_flight(full) < 2:
+        slot = table.acquire("m", keyed)
+        if slot != full:
+            table.release(slot)
+    assert table.acquire("m", keyed) == room, "room has room: the request goes there at once"
+    while table.in_flight(room) < 2:
+        table.acquire("m", keyed)
+    assert table.acquire("m", keyed) == module.SATURATED, "every replica at the cap"
+    table.update({"m": []})
+    assert table.acquire("m") == module.NO_ENDPOINT
