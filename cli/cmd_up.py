@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from cli.listen import parse_listen
-from cli.up import FleetUp
+from cli.up import AskedToStop, FleetUp
 
 
 @click.command("up")
@@ -94,6 +94,8 @@ def up(
         models = [] if no_demo else fleet.apply_demo()
         click.echo(fleet.banner(models))
         code = fleet.supervise()
+    except AskedToStop:
+        code = 0  # Ctrl-C before the fleet was all up: what started stops below
     except click.ClickException as exc:
         exc.show()
         code = 1

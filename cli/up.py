@@ -129,10 +129,17 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen, ca_file=None) -> None:
+class AskedToStop(Exception):
+    """Ctrl-C (or SIGTERM) came while `gpuctl up` was still starting: stop now."""
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen, ca_file=None,
+              stopping=lambda: False) -> None:  # fmt: skip
     deadline = time.monotonic() + timeout
     tls = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
     while time.monotonic() < deadline:
+        if stopping():
+            raise AskedToStop
         if proc.poll() is not None:
             raise click.ClickException(f"it exited with code {proc.returncode}")
         try:
@@ -192,6 +199,14 @@ class FleetUp:
         self.example_gpu: tuple[str, int] | None = None  # a GPU of this fleet, for the banner
 
     # start
+
+    def pause(self, seconds: float) -> None:
+        """A wait while starting that Ctrl-C ends at once."""
+        if self.stopping:
+            raise AskedToStop
+        time.sleep(seconds)
+        if self.stopping:
+            raise AskedToStop
 
     def start(self) -> None:
         for directory in (self.dir, self.logs, self.pids):
@@ -297,7 +312,7 @@ class FleetUp:
             if part.health_url:
                 try:
                     tls = self.ca_file if part.health_url.startswith("https") else None
-                    wait_http(part.health_url, 30, part.proc, tls)
+                    wait_http(part.health_url, 30, part.proc, tls, lambda: self.stopping)
                 except click.ClickException as exc:
                     self.echo("failed")
                     raise click.ClickException(
@@ -323,14 +338,18 @@ class FleetUp:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()
-        record = {"pid": part.proc.pid, "argv": part.argv}
-        (self.pids / (part.name.replace(" ", "-") + ".pid")).write_text(json.dumps(record))
+        # NAME.pid holds the pid alone, for `kill $(cat ...)`; NAME.json the command too, so
+        # that a later `gpuctl up` stops only what is still the same program.
+        name = part.name.replace(" ", "-")
+        (self.pids / f"{name}.json").write_text(json.dumps({"pid": part.proc.pid,
+                                                           "argv": part.argv}))  # fmt: skip
+        (self.pids / f"{name}.pid").write_text(f"{part.proc.pid}\n")
 
     def stop_leftovers(self) -> None:
         """Stop what an earlier `gpuctl up` in this folder left running when it was killed
         (kill -9 gives it no chance to stop its parts): each part it recorded, if that pid
         still runs the same command, is stopped as at Ctrl-C (the agent stops its engines)."""
-        for pid_file in sorted(self.pids.glob("*.pid")):
+        for pid_file in sorted(self.pids.glob("*.json")):
             try:
                 record = json.loads(pid_file.read_text())
                 pid, argv = int(record["pid"]), list(record["argv"])
@@ -346,6 +365,7 @@ class FleetUp:
                 if process_alive(pid):
                     os.kill(pid, signal.SIGKILL)
             pid_file.unlink(missing_ok=True)
+            pid_file.with_suffix(".pid").unlink(missing_ok=True)
 
     # demo
 
@@ -357,7 +377,7 @@ class FleetUp:
             )["items"]
             if nodes or time.monotonic() > deadline:
                 break
-            time.sleep(0.2)
+            self.pause(0.2)
         classes = sorted({c for n in nodes for c in n["gpu_classes"]})
         with_gpus = [n for n in nodes if n["gpus"]["total"]]
         if with_gpus:
@@ -402,7 +422,7 @@ class FleetUp:
                 self.echo(" ready")
                 return names
             self.echo(".", nl=False)
-            time.sleep(0.5)
+            self.pause(0.5)
         self.echo(" still starting (see gpuctl replicas)")
         return names
 
@@ -476,5 +496,5 @@ class FleetUp:
             except subprocess.TimeoutExpired:
                 part.proc.kill()
                 part.proc.wait()
-        for pid_file in self.pids.glob("*.pid"):
+        for pid_file in [*self.pids.glob("*.pid"), *self.pids.glob("*.json")]:
             pid_file.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import openai
@@ -16,7 +17,11 @@ pytestmark = pytest.mark.integration
 
 
 def recorded(pid_file: Path) -> int:
-    return json.loads(pid_file.read_text())["pid"]
+    """The pid a part's NAME.pid holds: the number alone, as the README's `kill $(cat ...)`
+    needs; NAME.json beside it says the same with the command."""
+    pid = int(pid_file.read_text())
+    assert json.loads(pid_file.with_suffix(".json").read_text())["pid"] == pid
+    return pid
 
 
 class Up:
@@ -134,6 +139,9 @@ def test_gpuctl_up_end_to_end(tmp_path):
 
         bound_before = replicas()[unused[0]["id"]]["idle_s"]
         router_pid = recorded(fleet_dir / "pids" / "router.pid")
+        # The README's tour, as a shell runs it.
+        frozen = subprocess.run(["sh", "-c", "kill -0 $(cat pids/router.pid)"], cwd=fleet_dir)
+        assert frozen.returncode == 0
         os.kill(router_pid, signal.SIGTERM)
         wait_until(
             lambda: recorded(fleet_dir / "pids" / "router.pid") != router_pid,
@@ -303,3 +311,37 @@ def test_a_gpuctl_up_killed_with_kill_9_is_cleaned_up_by_the_next(tmp_path):
         assert [pid for pid in left if process_alive(pid)] == []
     finally:
         second.stop()
+
+
+def ctrl_c_stops_it_within(up: Up, seconds: float) -> float:
+    """Ctrl-C as a terminal sends it; how long gpuctl up took to stop everything."""
+    began = time.monotonic()
+    os.killpg(up.proc.pid, signal.SIGINT)
+    try:
+        up.proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(up.proc.pid, signal.SIGKILL)
+        raise AssertionError(f"still running {seconds} s after Ctrl-C:\n{up.output()}") from None
+    finally:
+        up.log.close()
+    return time.monotonic() - began
+
+
+def test_ctrl_c_is_honoured_before_the_banner_and_with_a_request_in_flight(tmp_path):
+    for folder in ("early", "late"):
+        (tmp_path / folder).mkdir()
+    early = Up(tmp_path / "early")
+    wait_until(lambda: "waiting for replicas" in early.output(), 120, "the wait for replicas")
+    ctrl_c_stops_it_within(early, 3.0)
+    assert "gpufleet is up" not in early.output() and "gpufleet: stopped" in early.output()
+    left = [recorded(p) for p in (tmp_path / "early" / "fleet" / "pids").glob("*.pid")]
+    assert left == [], "every part stopped and its pid file gone"
+
+    late = Up(tmp_path / "late")
+    late.wait_up()
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{late.ports['router']}/v1", api_key="-",
+                        max_retries=0)  # fmt: skip
+    stream = api.chat.completions.create(model="llama-3.1-8b", messages=[], stream=True)
+    next(iter(stream))  # a request in flight
+    ctrl_c_stops_it_within(late, 3.0)
+    assert late.proc.returncode == 0, late.output()
