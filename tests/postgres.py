@@ -97,6 +97,19 @@ def server_user() -> pwd.struct_passwd | None:
         return pwd.getpwnam("nobody")
 
 
+def is_postmaster_of(pid: int, data: Path) -> bool:
+    """Whether `pid` runs PostgreSQL's server on `data`: a postmaster.pid in a folder anyone
+    may create in the temp directory names any pid, and these tests may run as root."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if not argv or Path(os.fsdecode(argv[0])).name not in ("postgres", "postmaster"):
+        return False
+    folders = [os.fsdecode(argv[i + 1]) for i, arg in enumerate(argv[:-1]) if arg == b"-D"]
+    return any(Path(folder).resolve() == data.resolve() for folder in folders)
+
+
 def stop_orphans() -> None:
     """Stop the servers of earlier runs that were killed before they could stop them."""
     for root in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
@@ -110,7 +123,7 @@ def stop_orphans() -> None:
             server = int((root / "data" / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             server = None
-        if server is not None and process_alive(server):
+        if server is not None and process_alive(server) and is_postmaster_of(server, root / "data"):
             os.kill(server, signal.SIGQUIT)  # PostgreSQL's immediate shutdown
             deadline = time.monotonic() + 10
             while process_alive(server) and time.monotonic() < deadline:

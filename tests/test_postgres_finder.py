@@ -56,3 +56,22 @@ def test_a_run_killed_with_kill_9_leaves_no_server_after_the_next(tmp_path):
     postgres.stop_orphans()
     assert not postgres.process_alive(pid)
     assert not os.path.exists(root)
+
+
+def test_a_pid_file_naming_another_program_stops_nothing(tmp_path):
+    """A folder named like a test server's, whose postmaster.pid names a process that is not
+    PostgreSQL on that folder: the process lives on, the folder goes."""
+    import tempfile
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    root = tempfile.mkdtemp(prefix=postgres.PREFIX)
+    try:
+        os.makedirs(f"{root}/data")
+        open(f"{root}/owner", "w").write("999999999")  # no such run: an orphan
+        open(f"{root}/data/postmaster.pid", "w").write(f"{bystander.pid}\n")
+        postgres.stop_orphans()
+        assert bystander.poll() is None, "a process that is not its postmaster was signalled"
+        assert not os.path.exists(root)
+    finally:
+        bystander.kill()
+        bystander.wait()
