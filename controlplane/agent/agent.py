@@ -36,6 +36,11 @@ class ControlPlaneError(Exception):
         self.status = status
 
 
+class ServerMoved(Exception):
+    """A watch given up because the client moved to another server meanwhile (its server
+    failed a heartbeat, or sent it to the leader): watch again there, at once."""
+
+
 class ControlPlaneClient:
     """Posts to the control plane. `servers`: one URL or a comma-separated list of servers on
     one database; the agent sticks to the one that answers, moves to where a standby's 307
@@ -55,6 +60,7 @@ class ControlPlaneClient:
         self.watch_session = watch_session or session
         self.servers = [url.strip().rstrip("/") for url in servers.split(",") if url.strip()]
         self.current = 0
+        self.moved = asyncio.Event()  # set, and replaced, each time `current` changes
         self.token = token  # the agent (bootstrap) token
         self.ssl = ssl  # an SSLContext that trusts the control plane's CA, or None
 
@@ -66,8 +72,22 @@ class ControlPlaneClient:
         return await self.request("POST", path, token, json=body)
 
     async def watch(self, path: str, token: str | None, timeout_s: float, **params) -> dict:
-        session = self.watch_session
-        return await self.request("GET", path, token, timeout_s, session, params=params)
+        """A long poll, given up (ServerMoved) as soon as the client moves to another server:
+        a watch parked on a frozen leader must not outlast the heartbeat that found it out,
+        as a router's route watch is bounded by the lease."""
+        moved = self.moved
+        polling = asyncio.ensure_future(
+            self.request("GET", path, token, timeout_s, self.watch_session, params=params)
+        )
+        moving = asyncio.ensure_future(moved.wait())
+        try:
+            await asyncio.wait({polling, moving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            moving.cancel()
+        if polling.done():
+            return polling.result()
+        polling.cancel()
+        raise ServerMoved(self.base_url)
 
     async def request(
         self,
@@ -107,13 +127,19 @@ class ControlPlaneClient:
         """Move on from `server`, once: the thousand heartbeats that failed on it together
         must not walk the list back to it."""
         if self.servers[self.current] == server:
-            self.current = (self.current + 1) % len(self.servers)
+            self._move_to((self.current + 1) % len(self.servers))
 
     def _lead_at(self, url) -> None:
         leader = str(url.origin())
         if leader not in self.servers:
             self.servers.append(leader)
-        self.current = self.servers.index(leader)
+        self._move_to(self.servers.index(leader))
+
+    def _move_to(self, index: int) -> None:
+        if index != self.current:
+            self.current = index
+            self.moved.set()
+            self.moved = asyncio.Event()
 
 
 class Credential:
@@ -240,6 +266,8 @@ class NodeAgent:
                 )
             except asyncio.CancelledError:
                 raise
+            except ServerMoved:
+                continue  # watch the server the client moved to, at once
             except Exception as exc:  # heartbeats carry the orders meanwhile
                 log.debug("%s: orders watch failed: %s", self.inventory.name, exc)
                 await asyncio.sleep(pause)
