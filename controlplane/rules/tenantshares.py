@@ -1,4 +1,4 @@
-"""Each tenant's per-minute budget split among the live routers, and usage per tenant.
+"""Each tenant's limits split among the live routers that asked for it, and usage per tenant.
 
 Routers report, per tenant, what they were asked for (requests and tokens, admitted or not:
 a router held to a small share must still show what it could use) and what they served, as
@@ -9,10 +9,20 @@ of usage, and splits each limit:
 
 by_demand: in proportion to demand when the routers together ask for more than the rest, else
 each its demand and the spare spread evenly.
-where floor = min(2% of the limit, limit / routers). Shares add up to the limit. A router the
-table does not name (it has not reported yet) takes the floor, and so does a router whose
-share's lease ran out (it lost the control plane): the fleet-wide rate exceeds the limit by
-at most the floors of the routers not in the split.
+where floor = min(2% of the limit, limit / routers). Only the routers that have asked for
+the tenant (their reports count a request of it) are in its split: a router that never did
+holds nothing of it, so that a tenant's limit does not shrink with the routers of the fleet.
+Shares add up to the limit. A router the table does not name for a tenant (its first request
+came since the last table) admits against a fixed allowance, the floor of a router alone
+(2% of the limit, at least one request and one in flight), until the next table names it, a
+report period and a tick later; so does a router whose share's lease ran out (it lost the
+control plane), at its floor. The fleet-wide rate exceeds the limit by at most the allowance
+of the routers that began to ask within one table's round trip, and the floors of those cut
+off, never by anything held by routers that do not ask.
+
+`max_in_flight` is split the same way, in whole requests: each asking router at least one,
+the rest in proportion to its requests' demand; so its excess is at most the asking routers
+beyond the limit (16 askers of a tenant with max_in_flight 4 hold one each).
 """
 
 from __future__ import annotations
@@ -51,6 +61,21 @@ def split(limit: float, demands: dict[str, float]) -> dict[str, float]:
     rest = max(0.0, limit - floor * len(demands))
     wants = {router: max(0.0, demand - floor) for router, demand in demands.items()}
     return {router: floor + given for router, given in by_demand(rest, wants).items()}
+
+
+def split_whole(limit: int, demands: dict[str, float]) -> dict[str, int]:
+    """`limit` whole requests in flight among routers: each at least one, the rest in
+    proportion to demand (largest remainders first, ties by name)."""
+    rest = max(0, limit - len(demands))
+    wanted = sum(demands.values())
+    exact = {
+        r: rest * (d / wanted if wanted > 0 else 1 / len(demands)) for r, d in demands.items()
+    }
+    given = {r: 1 + math.floor(x) for r, x in exact.items()}
+    left = rest - sum(g - 1 for g in given.values())
+    for r in sorted(exact, key=lambda r: (-(exact[r] - math.floor(exact[r])), r))[:left]:
+        given[r] += 1
+    return given
 
 
 def by_demand(capacity: float, wants: dict[str, float]) -> dict[str, float]:
@@ -153,21 +178,35 @@ class TenantLedger:
             for (tenant, model), values in sorted(totals.items())
         ]
 
-    def shares(self, tenant: str, rpm: int | None, tpm: int | None) -> dict[str, list]:
-        """router -> [requests share, tokens share] per minute (None: that limit is off), moved
-        only when a router's share changed by more than SHARE_CHANGE of the limit."""
+    def askers(self, tenant: str) -> list[str]:
+        """The live routers that have asked for `tenant` since they started."""
+        return sorted(
+            router
+            for router, (_, _, counters) in self.last.items()
+            if counters.get(tenant, {}).get("demand", [0.0])[0] > 0
+        )
+
+    def shares(
+        self, tenant: str, rpm: int | None, tpm: int | None, in_flight: int | None = None
+    ) -> dict[str, list]:
+        """router -> [requests share, tokens share per minute, requests in flight] (None:
+        that limit is off), for the routers that asked for the tenant; moved only when a
+        router's share changed by more than SHARE_CHANGE of the limit."""
         demands = self.demand.get(tenant, {})
-        routers = sorted(self.last)
-        if not routers or (rpm is None and tpm is None):
+        routers = self.askers(tenant)
+        if not routers or not (rpm or tpm or in_flight):
             self.published.pop(tenant, None)
             return {}
         asked = {r: demands.get(r, [0.0, 0.0]) for r in routers}
         by_requests = split(rpm, {r: asked[r][0] for r in routers}) if rpm else {}
         by_tokens = split(tpm, {r: asked[r][1] for r in routers}) if tpm else {}
-        fresh = {r: [by_requests.get(r), by_tokens.get(r)] for r in routers}
+        by_flight = split_whole(in_flight, {r: asked[r][0] for r in routers}) if in_flight else {}
+        fresh = {r: [by_requests.get(r), by_tokens.get(r), by_flight.get(r)] for r in routers}
         old = self.published.get(tenant, {})
         if old.keys() == fresh.keys() and all(
-            _close(old[r][0], fresh[r][0], rpm) and _close(old[r][1], fresh[r][1], tpm)
+            _close(old[r][0], fresh[r][0], rpm)
+            and _close(old[r][1], fresh[r][1], tpm)
+            and old[r][2] == fresh[r][2]
             for r in routers
         ):
             return old
@@ -250,7 +289,10 @@ def tenant_table(tenants: dict, keys: dict, ledger: TenantLedger) -> dict:
                 "priority": tenant.priority,
                 "default_max_tokens": tenant.default_max_tokens,
                 "shares": ledger.shares(
-                    tenant.name, tenant.requests_per_minute, tenant.tokens_per_minute
+                    tenant.name,
+                    tenant.requests_per_minute,
+                    tenant.tokens_per_minute,
+                    tenant.max_in_flight,
                 ),
             }
             for tenant in sorted(tenants.values(), key=lambda t: t.name)
