@@ -92,6 +92,13 @@ from controlplane.vocabulary.specs import parse_duration
     envvar="GPUFLEET_METRICS_TOKEN",
     help="A token /metrics asks for (Prometheus' authorization credentials); default: none.",
 )
+@click.option(
+    "--auth",
+    type=click.Choice(["tenants", "none"]),
+    default=None,
+    help="What routers ask of a request: a tenant's key, or nothing. Default: tenants once"
+    " any tenant was ever applied (kept when the last one is deleted), else none.",
+)
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM certificate.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
 @click.option("--log-level", default="info", show_default=True)
@@ -110,6 +117,7 @@ def server(
     min_residency,
     room_timeout,
     metrics_token,
+    auth,
     tls_cert,
     tls_key,
     log_level,
@@ -158,6 +166,7 @@ def server(
         min_residency_s=residency_s,
         room_timeout_s=room_timeout_s,
         metrics_token=metrics_token,
+        auth=auth,
         tls=tls,
         advertise=advertise,
         lease_ttl_s=lease_ttl,

@@ -56,6 +56,8 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
     if nodes["cordoned"] or nodes["draining"]:
         head += f", {nodes['cordoned']} cordoned, {nodes['draining']} draining"
     head += f")   {len(s['fabrics'])} fabric(s)"
+    if "auth" in s:  # what routers ask of a request: a tenant's key, or none
+        head += f"   auth: {s['auth']}"
     out.append(paint("FLEET", "bold", colour) + "  " + head)
     out.append("")
     rows = []
@@ -130,6 +132,7 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
     r = s.get("routers", {})
     if r.get("live") or r.get("silent"):
         out.append(f"ROUTERS   {r['live'] + r['silent']} ({r['live']} live, {r['silent']} silent)")
+
     problems = [
         (
             "NOT READY NODES",

@@ -52,6 +52,7 @@ class Settings:
     advertise: str | None = None  # the URL standbys send callers to; default: the listener's
     lease_ttl_s: float = 5.0
     lease_renew_s: float = 1.0
+    auth: str | None = None  # "tenants" or "none"; None: "tenants" once a tenant was applied
 
     @property
     def url(self) -> str:
@@ -72,6 +73,7 @@ def begin_term(store, settings: Settings, epoch: int = 0, clock_offset_s: float 
 
     idle = IdleTracker(live_window_s=settings.router_live_s, clock=wall)
     fleet = Fleet(store, idle, wall=wall)
+    fleet.auth_flag = settings.auth
     reconciler = Reconciler(
         fleet,
         node_timeout_s=settings.node_timeout_s,

@@ -71,6 +71,7 @@ cdef class TenantBook:
     cdef public bytes last_authorization
     cdef public tuple last_found
     cdef public bint last_marked
+    cdef public bint required
 
     @cython.locals(found=tuple)
     cpdef TenantState find(self, bytes authorization)

@@ -300,11 +300,13 @@ class TenantBook:
         self.last_authorization = None  # the last header found, its tenant and key id
         self.last_found = None
         self.last_marked = False  # its key is in keys_used
+        self.required = False  # the control plane says every request needs a tenant's key
 
     def enabled(self) -> bool:
-        """Whether a request needs a key: once any tenant is applied (even one with no key
-        left), or --api-keys-file was given."""
-        return bool(self.tenants)
+        """Whether a request needs a key: when the control plane says so (once any tenant
+        was applied, even if none is left: fail closed), while any tenant is known, or when
+        --api-keys-file was given."""
+        return self.required or bool(self.tenants)
 
     def find(self, authorization: bytes | None) -> TenantState:
         """The tenant of a request's `Authorization: Bearer KEY`, or None."""
@@ -353,6 +355,7 @@ class TenantBook:
         """Apply a routing table's `tenants` part. A tenant kept keeps its buckets and
         counters; requests of a tenant gone finish with the state they hold."""
         rules = part.get("tenants") or {}
+        self.required = part.get("auth") == "tenants"
         self.share_lease_s = float(part.get("share_lease_s") or self.share_lease_s)
         floor_share = float(part.get("floor_share") or 0.02)
         tenants = {}

@@ -147,7 +147,7 @@ def test_a_revoked_key_is_refused_within_one_route_version_and_its_requests_fini
 def test_a_deleted_tenants_waiting_requests_are_answered(fleet, procs):
     router, _ = _slow_chat(fleet, procs, 1.5, "--max-in-flight", "1")
     tenant(fleet, name="gone")
-    tenant(fleet, name="stays")  # with no tenant left, a router needs no key at all
+    tenant(fleet, name="stays")
     key, _ = new_key(fleet, "gone")
     wait_until(served(router, key), timeout=30, what="the key to reach the router")
 
@@ -325,3 +325,19 @@ def test_a_router_without_a_control_plane_takes_its_tenants_from_a_file(procs, t
             ["gpurouter", "--backend", f"chat={engine}", "--tenants-file", str(bad)], name="bad"
         )
         assert proc.wait(10) == 2, text
+
+
+def test_deleting_the_last_tenant_leaves_every_request_needing_a_key(fleet):
+    router, _ = fleet.serve(chat=1)
+    assert chat(router, "anything")[0] == 200, "no tenant was ever applied: open"
+    summary = call("GET", fleet.url + "/v1/summary")[1]
+    assert summary["auth"] == "none"
+    tenant(fleet, name="only")
+    key, _ = new_key(fleet, "only")
+    wait_until(served(router, key), what="the key to reach the router")
+    assert call("DELETE", fleet.url + "/v1/tenants/only")[0] == 200
+    wait_until(lambda: chat(router, key)[0] == 401, what="the deletion to reach the router")
+    body = json.dumps({"model": "chat", "messages": []}).encode()
+    status, _, answer = post(router + "/v1/chat/completions", body, {})
+    assert status == 401 and json.loads(answer)["error"]["code"] == "invalid_api_key"
+    assert call("GET", fleet.url + "/v1/summary")[1]["auth"] == "tenants", "kept, stored"

@@ -272,11 +272,13 @@ def parse_tenants(value) -> dict:
     return parsed
 
 
-def tenant_table(tenants: dict, keys: dict, ledger: TenantLedger) -> dict:
-    """What routers get with the routes: each tenant's rules and shares, and key digests."""
-    if not tenants:
+def tenant_table(tenants: dict, keys: dict, ledger: TenantLedger, auth: str = "") -> dict:
+    """What routers get with the routes: whether a request needs a tenant's key (`auth`),
+    each tenant's rules and shares, and key digests."""
+    if not tenants and auth != "tenants":
         return {}
     return {
+        "auth": auth or "tenants",
         "share_lease_s": SHARE_LEASE_S,
         "floor_share": FLOOR_SHARE,
         "tenants": {

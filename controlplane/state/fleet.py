@@ -55,6 +55,7 @@ class FleetSnapshot:
     autoscale: dict[str, dict] = field(default_factory=dict)  # model -> the last decision
     adapters: list[Adapter] = field(default_factory=list)
     adapter_reasons: dict[str, str] = field(default_factory=dict)  # adapter -> why not loaded
+    auth: str = "none"  # what routers ask of a request: "tenants" (a tenant's key) or "none"
     # slot_id(replica, adapter) -> idle, for every adapter a replica holds
     adapter_idle: dict[str, tuple[float, IdleState]] = field(default_factory=dict)
     engine_load: dict[str, dict] = field(default_factory=dict)  # replica -> freshest reading
@@ -119,6 +120,10 @@ class Fleet(Intents, TenantIntents, AgentReports):
         self.tenants: dict[str, Tenant] = kept["tenant"]
         self.tenant_keys: dict[str, TenantKey] = kept["tenant_key"]
         self.ledger = TenantLedger()
+        # "auth": "tenants" once any tenant was applied, kept when the last one goes, so that
+        # deleting it never opens the routers; `auth_flag` (gpuctl server --auth) overrides.
+        self.settings: dict[str, str] = kept["setting"]
+        self.auth_flag: str | None = None
         # Autoscaling (controlplane/rules/autoscale.py): model -> its recommendation window, kept in
         # the store; and what the last decision said and was, for `gpuctl models` and /metrics.
         self.windows: dict[str, Window] = {
@@ -321,8 +326,16 @@ class Fleet(Intents, TenantIntents, AgentReports):
                 "adapter_unloads": self.adapter_unloads,
                 "tenant": self.tenants,
                 "tenant_key": self.tenant_keys,
+                "setting": self.settings,
             },
         )
+
+    @property
+    def auth_mode(self) -> str:
+        """What routers ask of a request: "tenants" (a key of a tenant) or "none"."""
+        if self.auth_flag is not None:
+            return self.auth_flag
+        return self.settings.get("auth", "tenants" if self.tenants else "none")
 
     def held_gpus(self) -> set[tuple[str, int]]:
         """GPUs an awake engine holds."""
@@ -387,4 +400,5 @@ class Fleet(Intents, TenantIntents, AgentReports):
             adapter_idle=self.idle.idle_map(
                 [slot_id(r.id, a) for r in replicas for a in r.want_adapters], now
             ),
+            auth=self.auth_mode,
         )

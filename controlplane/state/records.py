@@ -74,6 +74,7 @@ class ModelRecords:
         "adapter_unloads",
         "tenant",  # an operator's tenant, one row each
         "tenant_key",  # a tenant's key, as its digest: key id -> TenantKey
+        "setting",  # the fleet's own settings: "auth" ("tenants" once a tenant was applied)
     )
     PARSERS = {
         "reservation": Reservation.from_dict,

@@ -28,6 +28,7 @@ class TenantIntents:
         if dry_run:
             return tenant, outcome
         self.tenants[tenant.name] = tenant
+        self.settings["auth"] = "tenants"  # for good: deleting the last one opens nothing
         self.flush_records()
         self.changed = True
         self.event(tenant.name, f"tenant {outcome} (generation {tenant.generation})")

@@ -96,7 +96,9 @@ class Reconciler:
             fleet.flush_records()
         routes, affinity = routing_table(fleet.specs, fleet.adapters, fleet.replicas)
         self.routes.publish(
-            routes, affinity, tenant_table(fleet.tenants, fleet.tenant_keys, fleet.ledger)
+            routes,
+            affinity,
+            tenant_table(fleet.tenants, fleet.tenant_keys, fleet.ledger, fleet.auth_mode),
         )
         self.executor.stamp_withdrawals(self.routes.version)
         # What this tick changed it has acted on; only news from outside wakes it again.

@@ -497,4 +497,5 @@ def summary(snap: FleetSnapshot, idle_after_s: float | None = None) -> dict:
         "degraded_replicas": replicas["degraded_replicas"],
         "failed_replicas": replicas["failed_replicas"],
         "route_version": snap.route_version,
+        "auth": snap.auth,
     }
