@@ -32,6 +32,9 @@ class ProxyConfig:
     keepalive_timeout_s: float = 75.0
     max_tries: int = 3
     api_keys: tuple[bytes, ...] = ()
+    # What /metrics and /activity ask for (Bearer); with tenants and none set, nobody reads
+    # them on the client port: they name every tenant and model.
+    metrics_token: bytes = b""
     park_max: int = 1000  # requests held per model while it wakes (following a control plane)
     park_timeout_s: float = 600.0  # engines can take minutes to load their weights
     affinity: str = "prefix"  # off | session | prefix: which replica a request prefers
@@ -137,6 +140,18 @@ class ProxyContext:
 
     def in_flight(self) -> int:
         return sum(1 for conn in self.connections if conn.exchange is not None)
+
+    def may_read_metrics(self, authorization: bytes | None) -> bool:
+        """Whether a request may read /metrics and /activity: with the metrics token when
+        one is set; without one, only while no tenant's data is held (no tenants, or the
+        fleet asks no key), and /activity then as any request is authorised."""
+        token = self.config.metrics_token
+        if token:
+            given = authorization or b""
+            return given.startswith(b"Bearer ") and hmac.compare_digest(given[7:].strip(), token)
+        return not (self.tenants.tenants or self.tenants.required) or (
+            bool(self.tenants.file_keys) and len(self.tenants.tenants) == 1
+        )
 
     def authorised(self, authorization: bytes | None) -> bool:
         """Whether a request's Authorization header (None: it had none) carries a key."""

@@ -176,12 +176,20 @@ class ClientConnection(ClientSide):
         if path == b"/healthz":
             self.respond(200, b'{"status":"ok"}', request_id)
             return
+        if path in (b"/metrics", b"/activity") and not self.ctx.may_read_metrics(authorization):
+            self.respond_error(
+                401,
+                "this router's metrics need its metrics token (gpurouter --metrics-token)",
+                request_id,
+                code="invalid_api_key",
+            )
+            return
         if path == b"/metrics":
             text = self.ctx.metrics_text()
             self.respond(200, text, request_id, content_type=PROMETHEUS_TEXT)
             return
         if path == b"/activity":
-            if not self.ctx.authorised(authorization):
+            if not self.ctx.config.metrics_token and not self.ctx.authorised(authorization):
                 self.respond_error(
                     401, "invalid or missing API key", request_id, code="invalid_api_key"
                 )

@@ -74,6 +74,13 @@ def read_token(path: str | None) -> str | None:
     help="Accepted client API keys, one a line; none: no key needed.",
 )
 @click.option(
+    "--metrics-token",
+    default="",
+    envvar="GPUROUTER_METRICS_TOKEN",
+    help="What /metrics and /activity ask for (Authorization: Bearer). Without it, a router"
+    " whose fleet has tenants answers neither on its client port: they name every tenant.",
+)
+@click.option(
     "--tenants-file",
     type=click.Path(exists=True, dir_okay=False),
     help="YAML of tenants, their limits and their keys' SHA-256, for a router without a"
@@ -181,6 +188,7 @@ def main(
     ca_file,
     token_file,
     api_keys_file,
+    metrics_token,
     tenants_file,
     tick_s,
     workers,
@@ -251,6 +259,7 @@ def main(
             idle_timeout_s=idle_timeout,
             client_timeout_s=client_timeout,
             api_keys=api_keys,
+            metrics_token=metrics_token.encode(),
             park_max=park_max,
             affinity=affinity,
             affinity_prefix_chars=affinity_prefix_chars,

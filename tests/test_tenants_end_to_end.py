@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.harness import call, get, post, wait_until
-from tests.router.test_with_control_plane import Fleet, activity
+from tests.router.test_with_control_plane import METRICS, Fleet, activity
 
 pytestmark = pytest.mark.integration
 
@@ -175,7 +175,7 @@ def test_usage_is_counted_per_tenant_and_model_from_the_engines_usage(fleet):
     answer = api.chat.completions.create(model="chat", messages=[], max_tokens=7)
     stream = api.chat.completions.create(model="chat", messages=[], max_tokens=5, stream=True)
     events = sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content)
-    text = get(router + "/metrics")[1].decode()
+    text = get(router + "/metrics", METRICS)[1].decode()
     completion = _series(
         text, 'gpurouter_tenant_tokens_total{tenant="counted",model="chat",kind="completion"}'
     )
@@ -233,7 +233,7 @@ def _in_flight(router):
 
 
 def _waiting_for_slot(router):
-    text = get(router + "/metrics")[1].decode()
+    text = get(router + "/metrics", METRICS)[1].decode()
     return _series(text, 'gpurouter_tenant_in_flight_requests{tenant="gone"}') - 1
 
 
@@ -281,7 +281,7 @@ def test_answers_without_usage_and_cut_streams_are_settled_by_what_was_sent(flee
 
 
 def _completion_tokens(router, name):
-    text = get(router + "/metrics")[1].decode()
+    text = get(router + "/metrics", METRICS)[1].decode()
     return _series(
         text, f'gpurouter_tenant_tokens_total{{tenant="{name}",model="chat",kind="completion"}}'
     )
@@ -341,3 +341,18 @@ def test_deleting_the_last_tenant_leaves_every_request_needing_a_key(fleet):
     status, _, answer = post(router + "/v1/chat/completions", body, {})
     assert status == 401 and json.loads(answer)["error"]["code"] == "invalid_api_key"
     assert call("GET", fleet.url + "/v1/summary")[1]["auth"] == "tenants", "kept, stored"
+
+
+def test_no_tenant_or_model_name_is_read_from_a_router_without_its_metrics_token(fleet):
+    router, _ = fleet.serve(chat=1)
+    tenant(fleet, name="secret-team", models=["chat"])
+    key, _ = new_key(fleet, "secret-team")
+    wait_until(served(router, key), what="the key to reach the router")
+    for path in ("/metrics", "/activity"):
+        for headers in ({}, {"Authorization": f"Bearer {key}"}, {"Authorization": "Bearer no"}):
+            status, raw = get(router + path, headers)
+            assert status == 401, (path, headers)
+            assert b"secret-team" not in raw and b"chat" not in raw
+        status, raw = get(router + path, METRICS)
+        assert status == 200, path
+    assert b"secret-team" in get(router + "/metrics", METRICS)[1], "the token reads it all"

@@ -72,14 +72,20 @@ class Fleet:
             "0.3",
             "--router-id",
             "edge-1",
+            "--metrics-token",
+            METRICS_TOKEN,
             *extra,
         )
         wait_until(lambda: len(activity(router)["watched"]) == len(self.ready), what="routes")
         return router, proc
 
 
+METRICS_TOKEN = "metrics-secret"
+METRICS = {"Authorization": f"Bearer {METRICS_TOKEN}"}  # what reads a router's metrics sends
+
+
 def activity(router):
-    return json.loads(get(router + "/activity")[1])
+    return json.loads(get(router + "/activity", METRICS)[1])
 
 
 def test_activity_report_and_router_restart(procs, tmp_path):
