@@ -23,6 +23,7 @@ from controlplane.tick.leadership import Elected, Sole, Term
 from controlplane.tick.reconciler import Reconciler
 from controlplane.vocabulary.idle import IdleTracker
 from controlplane.vocabulary.looplag import watch_loop_lag
+from controlplane.vocabulary.sdnotify import notify
 
 log = logging.getLogger("gpufleet.server")
 # A fleet's state is millions of long-lived objects, and each view's snapshot allocates hundreds
@@ -131,6 +132,7 @@ async def serve_sole(settings: Settings, stop: asyncio.Event) -> None:
         store.close()
         raise
     log.info("gpuctl server listening on %s, state in %s", settings.url, settings.state)
+    notify("READY=1", f"STATUS=serving on {settings.url}")
     lag = asyncio.create_task(watch_loop_lag(log))
     stopping = asyncio.create_task(stop.wait())
     ticker = asyncio.create_task(tick_loop(term, settings.tick_s))
@@ -147,6 +149,7 @@ async def serve_sole(settings: Settings, stop: asyncio.Event) -> None:
             sole.term = term
             ticker = asyncio.create_task(tick_loop(term, settings.tick_s))
     finally:
+        notify("STOPPING=1")
         ticker.cancel()
         lag.cancel()
         stopping.cancel()
@@ -175,6 +178,7 @@ async def serve_elected(settings: Settings, stop: asyncio.Event) -> None:
         await pool.close()
         raise
     log.info("gpuctl server listening on %s, state in PostgreSQL, standing by", settings.url)
+    notify("READY=1", f"STATUS=serving on {settings.url}, standing by")
     lag = asyncio.create_task(watch_loop_lag(log))
     stopping = asyncio.create_task(stop.wait())
     try:
@@ -186,6 +190,7 @@ async def serve_elected(settings: Settings, stop: asyncio.Event) -> None:
                 break
             await lead(settings, pool, lease, leadership, campaign.result(), stopping)
     finally:
+        notify("STOPPING=1")
         lag.cancel()
         stopping.cancel()
         await runner.cleanup()

@@ -24,6 +24,7 @@ from router.front import ClientConnection
 from router.leader import ControlPlanes
 from router.metrics import SharedMetrics
 from router.routes import RouteWatcher
+from router.sdnotify import notify
 from router.tenantsfile import read_tenants_file
 
 log = logging.getLogger("gpurouter")
@@ -152,6 +153,7 @@ class RouterServer:
             settings.port,
             descriptors,
         )
+        notify("READY=1", f"STATUS=serving on http://{settings.host}:{settings.port}")
         session = aiohttp.ClientSession(connector=control_plane_connector(settings.ca_file))
         if settings.control_plane:
             control_planes = ControlPlanes(settings.control_plane)
@@ -193,6 +195,7 @@ class RouterServer:
         try:
             await self.stopping.wait()
         finally:
+            notify("STOPPING=1")
             server.close()
             await self.drain(ctx)
             if self.load_reader is not None:

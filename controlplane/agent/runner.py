@@ -15,6 +15,7 @@ from controlplane.agent.agent import WATCH_S, ControlPlaneClient, Credential, No
 from controlplane.agent.processes import EnginePorts
 from controlplane.agent.supervisor import Supervisor
 from controlplane.vocabulary.looplag import watch_loop_lag
+from controlplane.vocabulary.sdnotify import notify
 
 WATCH_MAX_NODES = 256  # nodes in one agent process that each watch their orders
 
@@ -88,9 +89,11 @@ async def run_agents(
     tasks = [asyncio.create_task(agent.run()) for agent in agents.values()]
     tasks.append(asyncio.create_task(watch_loop_lag(log)))
     log.info("agent running %d node(s) against %s", len(agents), server)
+    notify("READY=1", f"STATUS=running {len(agents)} node(s) against {server}")
     try:
         await stop.wait()
     finally:
+        notify("STOPPING=1")
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

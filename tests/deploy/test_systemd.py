@@ -1,0 +1,105 @@
+"""The service files in deploy/systemd as systemd reads them, and each process's readiness
+as systemd hears it (Type=notify): READY=1 only once its port answers, STOPPING=1 on SIGTERM."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import BIN, free_port
+
+pytestmark = pytest.mark.integration
+UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+INSTALLED_BIN = "/opt/gpufleet/bin/"  # where the units say the venv is
+
+
+def test_each_unit_passes_systemd_analyze_verify(tmp_path):
+    units = sorted(UNITS.glob("*.service"))
+    assert [u.name for u in units] == [
+        "gpuctl-agent.service", "gpuctl-server.service", "gpurouter.service",
+    ]  # fmt: skip
+    for unit in units:
+        text = unit.read_text()
+        assert "Type=notify" in text and "NoNewPrivileges=yes" in text, unit.name
+        assert "ProtectSystem=strict" in text and "Restart=on-failure" in text, unit.name
+        assert (UNITS / unit.name.replace(".service", ".env")).exists(), unit.name
+        # As installed: the venv's binaries where the unit names them.
+        (tmp_path / unit.name).write_text(text.replace(INSTALLED_BIN, f"{BIN}/"))
+    done = subprocess.run(
+        ["systemd-analyze", "verify", *sorted(str(p) for p in tmp_path.glob("*.service"))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+class NotifySocket:
+    """The socket systemd would listen on, as NOTIFY_SOCKET names it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "notify.sock"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(self.path))
+        self.sock.settimeout(0.2)
+
+    def messages(self, until: float) -> list[str]:
+        got = []
+        while time.monotonic() < until:
+            try:
+                got.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                if got:
+                    return got
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def started_with_notify(tmp_path, argv: list[str], port: int):
+    listener = NotifySocket(tmp_path)
+    env = {**os.environ, "NOTIFY_SOCKET": str(listener.path), "PYTHONUNBUFFERED": "1"}
+    log = open(tmp_path / "process.log", "wb")
+    proc = subprocess.Popen([str(BIN / argv[0]), *argv[1:]], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return proc, listener
+
+
+@pytest.mark.parametrize("which", ["server", "agent", "router"])
+def test_ready_comes_once_the_port_answers_and_stopping_on_sigterm(tmp_path, procs, which):
+    port = free_port()
+    if which == "server":
+        argv = ["gpuctl", "server", "--listen", f"127.0.0.1:{port}",
+                "--state", str(tmp_path / "state.sqlite")]  # fmt: skip
+    elif which == "agent":
+        server = free_port()
+        procs.start(["gpuctl", "server", "--listen", f"127.0.0.1:{server}",
+                     "--state", str(tmp_path / "cp.sqlite")], server, name="server")  # fmt: skip
+        fleet = tmp_path / "fleet.yaml"
+        fleet.write_text("fabrics: [{name: f, nodes: 1, gpu_class: H100-80GB, gpus_per_node: 1}]")
+        argv = ["gpuctl", "agent", "--server", f"http://127.0.0.1:{server}", "--simulate",
+                str(fleet), "--state-dir", str(tmp_path / "agent"),
+                "--sim-admin", f"127.0.0.1:{port}"]  # fmt: skip
+    else:
+        argv = ["gpurouter", "--listen", f"127.0.0.1:{port}", "--backend",
+                "m=http://127.0.0.1:1"]  # fmt: skip
+    proc, notify = started_with_notify(tmp_path, argv, port)
+    try:
+        ready = notify.messages(time.monotonic() + 30)
+        assert ready and "READY=1" in ready[0].splitlines(), ready
+        # Its port answered before it said so: the first connect now finds it.
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        proc.send_signal(signal.SIGTERM)
+        stopping = notify.messages(time.monotonic() + 10)
+        assert any("STOPPING=1" in m.splitlines() for m in stopping), stopping
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
