@@ -118,10 +118,23 @@ def test_gpuctl_up_end_to_end(tmp_path):
         assert first["capacity"]["H100-80GB"]["total"] == 16
         assert first["capacity"]["A100-80GB"]["total"] == 8
         used_gpus = sum(c["used"] for c in first["capacity"].values())
-        assert used_gpus == 4, "qwen2.5-1.5b is packed beside a llama-3.1-8b, on its card"
-        nodes = json.loads(gpuctl("nodes", "-o", "json"))["items"]
-        shared = [c for n in nodes for c in n["cards"] if len(c["residents"]) == 2]
-        assert len(shared) == 1 and shared[0]["held_mb"] > 0
+        assert used_gpus == 5, "while there are empty cards, each engine gets one"
+
+        # The tour: qwen2.5-1.5b scaled past the empty A100 cards packs beside a llama.
+        gpuctl("scale", "qwen2.5-1.5b", "7")
+
+        def shared_cards():
+            nodes = json.loads(gpuctl("nodes", "-o", "json"))["items"]
+            return [c for n in nodes for c in n["cards"] if len(c["residents"]) == 2]
+
+        wait_until(shared_cards, 60, "a card holding two engines")
+        assert status()["capacity"]["A100-80GB"]["used"] == 8
+        gpuctl("scale", "qwen2.5-1.5b", "1")
+        wait_until(
+            lambda: len([r for r in replicas().values() if r["model"] == "qwen2.5-1.5b"]) == 1,
+            60,
+            "qwen2.5-1.5b back to one replica",
+        )
         wait_until(
             lambda: any(r["idle_state"] == "exact" for r in replicas().values()),
             what="the used replica to be seen used",
