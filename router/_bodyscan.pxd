@@ -6,8 +6,10 @@ cdef class BodyFields:
     cdef readonly bytes body
     # Where each routed field's value begins in the body; -1: absent.
     cdef Py_ssize_t cache_key_at, user_at, messages_at, prompt_at
+    cdef Py_ssize_t max_tokens_at, max_completion_at
 
     cpdef object loaded(self)
+    cpdef long long completion_bound(self)
     cpdef long long affinity_key(self, bytes session_header, bint by_prefix, Py_ssize_t prefix_chars) except -2
 
 

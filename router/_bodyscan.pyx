@@ -40,7 +40,16 @@ cdef enum:
     MAX_NUMBER_CHARS = 32
 
 cdef enum Field:
-    OTHER, MODEL, PROMPT_CACHE_KEY, USER, MESSAGES, PROMPT
+    OTHER, MODEL, PROMPT_CACHE_KEY, USER, MESSAGES, PROMPT, MAX_TOKENS, MAX_COMPLETION_TOKENS
+
+
+# A bound on what a request may generate, as completion_bound() gives it.
+cdef enum:
+    NO_BOUND_ = -1  # the body names none (or null)
+    BAD_BOUND_ = -2  # it names one that is not a whole number: the request is refused
+    MOST_DIGITS = 18  # a long long's worth: larger is no count of tokens
+NO_BOUND = NO_BOUND_
+BAD_BOUND = BAD_BOUND_
 
 
 cdef inline bint is_space(unsigned char c) noexcept nogil:
@@ -282,7 +291,29 @@ cdef Field field_named(const unsigned char* name, Py_ssize_t length) noexcept no
         return USER
     if length == 16 and memcmp(name, b"prompt_cache_key", 16) == 0:
         return PROMPT_CACHE_KEY
+    if length == 10 and memcmp(name, b"max_tokens", 10) == 0:
+        return MAX_TOKENS
+    if length == 21 and memcmp(name, b"max_completion_tokens", 21) == 0:
+        return MAX_COMPLETION_TOKENS
     return OTHER
+
+
+cdef long long whole_number_at(const unsigned char* s, Py_ssize_t at, Py_ssize_t n) noexcept nogil:
+    """The whole number a JSON value at `at` is; NO_BOUND for null; BAD_BOUND for anything
+    else (a string, a fraction, an exponent, a sign, too many digits)."""
+    cdef long long value = 0
+    cdef int digits = 0
+    if at + 4 <= n and memcmp(s + at, b"null", 4) == 0:
+        return NO_BOUND_
+    while at < n and 48 <= s[at] <= 57:
+        digits += 1
+        if digits > MOST_DIGITS:
+            return BAD_BOUND_
+        value = value * 10 + (s[at] - 48)
+        at += 1
+    if digits == 0 or (at < n and (s[at] == 46 or s[at] == 101 or s[at] == 69)):  # . e E
+        return BAD_BOUND_
+    return value
 
 
 cdef bint has_escape(const unsigned char* s, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
@@ -532,6 +563,19 @@ cdef class BodyFields:
         """The body parsed whole, for what the scan leaves undecided."""
         return loads(self.body)
 
+    cpdef long long completion_bound(self):
+        """What the request may generate, as vLLM reads it: the top-level
+        `max_completion_tokens`, else `max_tokens`; NO_BOUND when it names neither (or null),
+        BAD_BOUND when the one it names is not a whole number."""
+        cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(self.body)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(self.body)
+        cdef long long bound = NO_BOUND_
+        if self.max_completion_at >= 0:
+            bound = whole_number_at(s, self.max_completion_at, n)
+        if bound == NO_BOUND_ and self.max_tokens_at >= 0:
+            bound = whole_number_at(s, self.max_tokens_at, n)
+        return bound
+
     cpdef long long affinity_key(self, bytes session_header, bint by_prefix,
                                  Py_ssize_t prefix_chars) except -2:
         """router.affinity.affinity_key for this body (a session, else the prompt's root when
@@ -684,6 +728,7 @@ cpdef BodyFields scan_body(bytes body):
     cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
     cdef Py_ssize_t i, key_start, key_end, value_at, model_at = -1
     cdef Py_ssize_t cache_key_at = -1, user_at = -1, messages_at = -1, prompt_at = -1
+    cdef Py_ssize_t max_tokens_at = -1, max_completion_at = -1
     cdef Field field
     cdef BodyFields fields
     if n > MAX_SCANNED_BYTES:
@@ -721,6 +766,10 @@ cpdef BodyFields scan_body(bytes body):
             messages_at = value_at
         elif field == PROMPT:
             prompt_at = value_at
+        elif field == MAX_TOKENS:
+            max_tokens_at = value_at
+        elif field == MAX_COMPLETION_TOKENS:
+            max_completion_at = value_at
         i = skip_space(s, i, n)
         if i >= n:
             return None
@@ -742,4 +791,5 @@ cpdef BodyFields scan_body(bytes body):
     fields.model = PyUnicode_DecodeUTF8(<char*>s + model_at + 1, key_end - 2 - model_at, NULL)
     fields.cache_key_at, fields.user_at = cache_key_at, user_at
     fields.messages_at, fields.prompt_at = messages_at, prompt_at
+    fields.max_tokens_at, fields.max_completion_at = max_tokens_at, max_completion_at
     return fields

@@ -21,6 +21,7 @@ cdef class Request:
     cdef readonly bint keep_alive
 
     cpdef bytes upstream(self, bytes path_prefix, bytes host, bytes forward, bytes peer, bytes request_id)
+    cpdef void bound_completion(self, long long bound)
 
 
 cdef class RequestReader:
@@ -67,3 +68,6 @@ cpdef bytes numbered(bytes prefix, Py_ssize_t number)
 cpdef bytes ratelimit_lines(bytes requests_prefix, Py_ssize_t requests_left, Py_ssize_t requests_reset_ms, bytes tokens_prefix, Py_ssize_t tokens_left, Py_ssize_t tokens_reset_ms)
 cpdef long long number_after(bytes data, bytes name) except -2
 cpdef double monotonic() noexcept
+
+
+cpdef bytes with_max_tokens(bytes body, long long bound)

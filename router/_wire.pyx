@@ -299,6 +299,11 @@ cdef bint more_than(const char* digits, Py_ssize_t size, Py_ssize_t limit) noexc
 cdef class Request:
     """One request as the client sent it, read whole."""
 
+    cpdef void bound_completion(self, long long bound):
+        """The JSON object body with `"max_tokens": bound` last at its top level (the last of
+        a repeated key is the one engines keep): what it was admitted against."""
+        self.body = with_max_tokens(self.body, bound)
+
     def __repr__(self):
         return f"Request({self.method!r}, {self.url!r})"
 
@@ -470,6 +475,14 @@ cdef inline Py_ssize_t reset_text(char* reset, Py_ssize_t reset_ms) noexcept:
     size += decimal_digits(reset + size, seconds)
     reset[size] = 115  # s
     return size + 1
+
+
+cpdef bytes with_max_tokens(bytes body, long long bound):
+    """`body`, a JSON object, with `"max_tokens": bound` appended at its top level."""
+    cdef bytes head = body.rstrip()
+    cdef bytes inside = head[:-1].rstrip()
+    comma = b"" if inside.endswith(b"{") else b","
+    return b"%s%s\"max_tokens\":%d}" % (inside, comma, bound)
 
 
 cpdef long long number_after(bytes data, bytes name) except -2:

@@ -6,7 +6,7 @@ from router cimport _fastpath, _wire
 from router._wire cimport monotonic, number_after
 from router.context cimport ProxyContext
 from router.metrics cimport ModelStats
-from router.tenants cimport TenantState, tokens_asked
+from router.tenants cimport TenantState
 from router.upstream cimport ResponseListener, UpstreamConnection, UpstreamPool
 
 

@@ -23,7 +23,7 @@ from router.errors import error_body, sse_error_event
 from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
-from router.tenants import BYTES_PER_TOKEN, COMPLETION_TOKENS, PROMPT_TOKENS, tokens_asked
+from router.tenants import BYTES_PER_TOKEN, COMPLETION_TOKENS, PROMPT_TOKENS
 from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
 from router.wire import monotonic, number_after
 
@@ -380,8 +380,7 @@ class Exchange(ResponseListener):
                     # [DONE]; a stream cut short has neither.
                     completion = self.events - (2 if b"data: [DONE]" in self.tail else 0)
                 else:
-                    asked = tokens_asked(self.request.body, tenant.default_max_tokens)
-                    completion = asked - prompt
+                    completion = max(0, int(self.reserved) - prompt)  # what it was admitted for
         waited = monotonic() - self.queued_at if self.queued_at else 0.0
         tenant.count(self.label, status, prompt, completion, False, waited)
         tenant.settle(self.reserved, prompt + completion)

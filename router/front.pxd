@@ -6,7 +6,7 @@ from router cimport _wire, affinity, target
 from router._wire cimport monotonic
 from router.context cimport ProxyContext
 from router.exchange cimport ClientSide, Exchange
-from router.tenants cimport TenantState, tokens_asked
+from router.tenants cimport TenantState, completion_bound, tokens_asked
 
 
 cdef class ClientConnection(ClientSide):

@@ -22,7 +22,15 @@ from router.errors import REASONS, RequestRefused, error_body
 from router.exchange import ClientSide, Exchange
 from router.metrics import OTHER_MODEL
 from router.target import Refusal
-from router.tenants import OVER_IN_FLIGHT, OVER_REQUESTS, OVER_TOKENS, tokens_asked
+from router.tenants import (
+    BAD_BOUND,
+    NO_BOUND,
+    OVER_IN_FLIGHT,
+    OVER_REQUESTS,
+    OVER_TOKENS,
+    completion_bound,
+    tokens_asked,
+)
 from router.wire import RequestReader, monotonic
 
 JSON = b"application/json"
@@ -152,7 +160,25 @@ class ClientConnection(ClientSide):
                     )
                     return
                 if tenant.tokens_per_minute:
-                    reserved = tokens_asked(request.body, tenant.default_max_tokens)
+                    bound = completion_bound(routed[2])
+                    if bound == BAD_BOUND:
+                        self.respond_error(
+                            400,
+                            "`max_completion_tokens` and `max_tokens` take a whole number of"
+                            " tokens, 0 or more",
+                            request_id,
+                            code="invalid_value",
+                            param="max_tokens",
+                        )
+                        return
+                    if bound == NO_BOUND:
+                        bound = tenant.default_max_tokens
+                        if routed[2] is not None:
+                            request.bound_completion(bound)
+                    reserved = tokens_asked(len(request.body), bound)
+                    if reserved > tenant.tokens_per_minute:
+                        self.refuse_beyond_a_minute(tenant, reserved, routed[0], request_id)
+                        return
                 now = monotonic()
                 refused = tenant.admit(now, reserved, now < ctx.tenants.lease_until)
                 if refused:
@@ -197,6 +223,19 @@ class ClientConnection(ClientSide):
             self.respond(200, orjson.dumps(self.ctx.activity()), request_id)
             return
         self.respond_error(404, f"no route for {path.decode(errors='replace')}", request_id)
+
+    def refuse_beyond_a_minute(self, tenant, reserved: int, model: str, request_id: bytes) -> None:
+        """429 at once: no wait would let this request in, its estimate being more than the
+        tenant's whole minute of tokens."""
+        label = model if model in self.ctx.routed_models else OTHER_MODEL
+        tenant.count(label, 429, 0, 0, True, 0.0)
+        message = (
+            f"Request too large for tenant {tenant.name}: it may use {reserved} tokens (its"
+            f" prompt and max_tokens), more than its {int(tenant.tokens_per_minute)} tokens per"
+            " minute; lower max_tokens or max_completion_tokens."
+        )
+        self.respond(429, error_body(429, message, "rate_limit_exceeded"), request_id,
+                     tenant.limit_headers())  # fmt: skip
 
     def refuse_over_limit(self, tenant, refused: int, model: str, request_id: bytes) -> None:
         """429 as OpenAI answers it: which limit, when to retry, and the limits' headers."""

@@ -77,7 +77,7 @@ cdef class TenantBook:
     cpdef TenantState find(self, bytes authorization)
 
 
-@cython.locals(wanted=cython.longlong)
-cpdef long tokens_asked(bytes body, long default_max_tokens) except -1
+cpdef long long completion_bound(object payload) except -3
+cpdef long long tokens_asked(Py_ssize_t body_bytes, long long bound) except -1
 cdef Py_ssize_t _left(Bucket bucket)
 cdef Py_ssize_t _reset_ms(Bucket bucket)

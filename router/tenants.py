@@ -6,8 +6,11 @@ key is found with one hash and one lookup. Each limit is a bucket per tenant tha
 this router's share per minute and holds at most a minute of it:
 - requests: one per request;
 - tokens: a request is admitted while the bucket is above zero and takes its estimate (the
-  prompt's bytes / 4 plus `max_tokens`, `max_completion_tokens` or the tenant's default);
-  when the answer ends the engine's `usage` replaces the estimate;
+  prompt's bytes / 4 plus its top-level `max_completion_tokens`, else `max_tokens`, else the
+  tenant's `default_max_tokens`, which is then written into the body the engine gets, so
+  that it cannot generate more than was admitted); one whose estimate is more than the
+  tenant's whole minute is refused at once; when the answer ends the engine's `usage`
+  replaces the estimate;
 - in flight: this router's share of `max_in_flight`.
 A share holds while the lease from the last word of the control plane runs; after it, the
 floor (a router cut off cannot go on spending a share the others were given meanwhile).
@@ -21,7 +24,7 @@ import fnmatch
 import hashlib
 import time
 
-from router.wire import number_after, ratelimit_lines
+from router.wire import ratelimit_lines
 
 KEYS_FILE_TENANT = "api-keys-file"  # --api-keys-file's keys: a tenant with no limits
 MAX_KNOWN = 100_000  # headers remembered (each a valid key)
@@ -36,14 +39,33 @@ WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300
 ADMITTED, OVER_REQUESTS, OVER_TOKENS, OVER_IN_FLIGHT = 0, 1, 2, 3
 
 
-def tokens_asked(body: bytes, default_max_tokens: int) -> int:
+# What a request says it may generate (completion_bound), besides a whole number.
+NO_BOUND = -1  # it names none, or null
+BAD_BOUND = -2  # it names one that is not a whole number of tokens
+MOST_TOKENS = 10**18
+
+
+def completion_bound(payload) -> int:
+    """What a request may generate as vLLM reads it: the top-level `max_completion_tokens`,
+    else `max_tokens` (nested ones are a message's, not the request's). `payload`: the
+    scanned body's fields, the body parsed as a dict, or None for a body that is no JSON."""
+    if payload is None:
+        return NO_BOUND
+    if type(payload) is not dict:
+        return payload.completion_bound()
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(name)
+        if value is None:
+            continue
+        if type(value) is not int or value < 0 or value >= MOST_TOKENS:
+            return BAD_BOUND
+        return value
+    return NO_BOUND
+
+
+def tokens_asked(body_bytes: int, bound: int) -> int:
     """A request's estimate: its prompt (the body's bytes / 4) plus what it may generate."""
-    wanted = number_after(body, b'"max_tokens"')
-    if wanted < 0:
-        wanted = number_after(body, b'"max_completion_tokens"')
-    if wanted < 0:
-        wanted = default_max_tokens
-    return len(body) // BYTES_PER_TOKEN + wanted
+    return body_bytes // BYTES_PER_TOKEN + bound
 
 
 class Bucket:

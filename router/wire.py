@@ -12,6 +12,7 @@ RequestReader = _impl.RequestReader
 ResponseReader = _impl.ResponseReader
 numbered = _impl.numbered
 number_after = _impl.number_after
+with_max_tokens = _impl.with_max_tokens
 ratelimit_lines = _impl.ratelimit_lines
 monotonic = _impl.monotonic
 USING_EXTENSION = _impl is not wire_py
@@ -25,4 +26,5 @@ __all__ = [
     "number_after",
     "numbered",
     "ratelimit_lines",
+    "with_max_tokens",
 ]

@@ -22,6 +22,11 @@ from router.forwarding import (
 class Request:
     """One request as the client sent it, read whole."""
 
+    def bound_completion(self, bound: int) -> None:
+        """The JSON object body with `"max_tokens": bound` last at its top level (the last of
+        a repeated key is the one engines keep): what it was admitted against."""
+        self.body = with_max_tokens(self.body, bound)
+
     __slots__ = ("method", "url", "path", "forward", "body", "keep_alive", *READ_FIELDS.values())
 
     def __init__(self) -> None:
@@ -319,6 +324,14 @@ def reset_text(reset_ms: int) -> bytes:
 
 MAX_COUNT_DIGITS = 12  # more is no count of tokens
 JSON_SPACE = b" \t\r\n"
+
+
+def with_max_tokens(body: bytes, bound: int) -> bytes:
+    """`body`, a JSON object, with `"max_tokens": bound` appended at its top level."""
+    head = body.rstrip()
+    inside = head[:-1].rstrip()
+    comma = b"" if inside.endswith(b"{") else b","
+    return b"%s%s\"max_tokens\":%d}" % (inside, comma, bound)
 
 
 def number_after(data: bytes, name: bytes) -> int:

@@ -356,3 +356,43 @@ def test_no_tenant_or_model_name_is_read_from_a_router_without_its_metrics_token
         status, raw = get(router + path, METRICS)
         assert status == 200, path
     assert b"secret-team" in get(router + "/metrics", METRICS)[1], "the token reads it all"
+
+
+def test_tokens_are_admitted_on_the_requests_own_bound_and_the_default_reaches_the_engine(fleet):
+    router, _ = fleet.serve(chat=1)
+    tenant(fleet, name="tok", tokens_per_minute=10_000, default_max_tokens=3)
+    key, _ = new_key(fleet, "tok")
+    wait_until(served(router, key), what="the key to reach the router")
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def send(extra: str):
+        body = '{"model": "chat", "messages": [{"role": "user", "content": "hi"}]' + extra + "}"
+        return post(router + "/v1/chat/completions", body.encode(), headers)
+
+    status, _, raw = send("")
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 3, (
+        "the tenant's default_max_tokens is written into the request the engine gets"
+    )
+    nested = send(', "metadata": {"max_tokens": 1}')
+    assert json.loads(nested[2])["usage"]["completion_tokens"] == 3, "only the top level counts"
+    for bad in ('"50"', "1.5", "-5", "true"):
+        status, _, raw = send(f', "max_tokens": {bad}')
+        error = json.loads(raw)["error"]
+        assert (status, error["param"]) == (400, "max_tokens"), bad
+    status, _, raw = send(', "max_tokens": 1000000000000')
+    assert status == 429 and "more than its 10000 tokens per minute" in raw.decode()
+
+    # max_tokens 1 beside max_completion_tokens 8000 is admitted for 8000, as vLLM reads it.
+    burst = []
+    threads = [
+        threading.Thread(
+            target=lambda: burst.append(send(', "max_tokens": 1, "max_completion_tokens": 8000')[0])
+        )
+        for _ in range(20)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert burst.count(200) <= 2, f"{burst.count(200)} x 8000 admitted against 10000 a minute"
+    assert set(burst) <= {200, 429}

@@ -1,5 +1,6 @@
 """The router's tenant rules in isolation: buckets, shares, the fair queue, usage parsing."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -7,13 +8,16 @@ from controlplane.rules.tenantshares import FLOOR_SHARE, by_demand, split
 from router.fairqueue import FairQueue
 from router.tenants import (
     ADMITTED,
+    BAD_BOUND,
     COMPLETION_TOKENS,
+    NO_BOUND,
     OVER_IN_FLIGHT,
     OVER_REQUESTS,
     OVER_TOKENS,
     PROMPT_TOKENS,
     TenantBook,
     TenantState,
+    completion_bound,
     tokens_asked,
 )
 from router.wire import number_after
@@ -73,8 +77,7 @@ def test_in_flight_is_held_to_the_share():
 
 def test_estimates_and_usage_are_read_from_the_bytes():
     body = b'{"model":"m","max_tokens": 50,"messages":[]}'
-    assert tokens_asked(body, 256) == len(body) // 4 + 50
-    assert tokens_asked(b'{"model":"m"}', 256) == 3 + 256
+    assert tokens_asked(len(body), 50) == len(body) // 4 + 50
     tail = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34}}\n\n'
     assert number_after(tail, PROMPT_TOKENS) == 12
     assert number_after(tail, COMPLETION_TOKENS) == 34
@@ -158,3 +161,46 @@ def test_workers_on_one_port_split_a_tenants_file_limits(tmp_path):
     tenant.settle(0, 0)
     assert sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(1000)) == 1
     assert tenant.requests.level < 150, "a quarter of 600 a minute, less what was taken"
+
+
+BOUNDS = [
+    (b'{"model":"m","max_tokens":50}', 50),
+    (b'{"model":"m","max_completion_tokens":8000,"max_tokens":1}', 8000),  # vLLM's order
+    (b'{"model":"m","max_tokens":1,"max_completion_tokens":8000}', 8000),
+    (b'{"model":"m","max_completion_tokens":null,"max_tokens":7}', 7),
+    (b'{"model":"m","messages":[{"role":"user","max_tokens":9}]}', NO_BOUND),  # nested
+    (b'{"model":"m"}', NO_BOUND),
+    (b'{"model":"m","max_tokens":"50"}', BAD_BOUND),
+    (b'{"model":"m","max_tokens":1.5}', BAD_BOUND),
+    (b'{"model":"m","max_tokens":1e3}', BAD_BOUND),
+    (b'{"model":"m","max_tokens":-5}', BAD_BOUND),
+    (b'{"model":"m","max_tokens":true}', BAD_BOUND),
+    (b'{"model":"m","max_tokens":1000000000000}', 10**12),  # refused later, as too large
+]
+
+
+@pytest.mark.parametrize(("body", "bound"), BOUNDS)
+def test_a_requests_bound_is_its_top_level_max_completion_tokens_else_max_tokens(body, bound):
+    import orjson
+
+    from router import _bodyscan
+
+    scanned = _bodyscan.scan_body(body)
+    assert scanned is not None
+    assert completion_bound(scanned) == bound, "read in C"
+    assert completion_bound(orjson.loads(body)) == bound, "read from the parsed body"
+
+
+@pytest.mark.parametrize("wire", ["extension", "twin"])
+def test_the_default_bound_is_written_last_in_the_body_the_engine_gets(wire):
+    import orjson
+
+    from router import _wire, wire_py
+
+    module = _wire if wire == "extension" else wire_py
+    for body in (b'{"model":"m"}', b'{ "model": "m", "max_tokens": null } ', b"{}"):
+        written = module.with_max_tokens(body, 256)
+        assert orjson.loads(written)["max_tokens"] == 256, written
+        assert {k: v for k, v in orjson.loads(written).items() if k != "max_tokens"} == {
+            k: v for k, v in orjson.loads(body).items() if k != "max_tokens"
+        }
