@@ -78,10 +78,11 @@ class NativeLoraCache:
         sim.drain_queue = self.drain_queue
         finish = sim.finish
 
-        def finished(engine: Engine, request: Request) -> None:
-            if request in engine.running:
+        def finished(engine: Engine, request: Request, event: int = 0) -> None:
+            # A finish moved later by a change of speed is not the request's end.
+            if request in engine.running and event == request.finish_event and not request.cut:
                 self.gpu[engine.replica][request.model] -= 1
-            finish(engine, request)
+            finish(engine, request, event)
 
         sim.finish = finished
 

@@ -485,16 +485,20 @@ class FleetUp:
         return pause
 
     def stop(self) -> None:
+        """The router and the agent together (each says goodbye to the control plane, which
+        is still there), then the control plane: Ctrl-C ends the fleet in a few seconds."""
         self.stopping = True
-        for part in reversed(self.parts):
-            if part.proc is None or part.proc.poll() is not None:
-                continue
-            self.echo(f"  stopping {part.name}")
-            part.proc.send_signal(signal.SIGTERM)
-            try:
-                part.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                part.proc.kill()
-                part.proc.wait()
+        running = [p for p in reversed(self.parts) if p.proc is not None and p.proc.poll() is None]
+        for wave in (running[:-1], running[-1:]):
+            for part in wave:
+                self.echo(f"  stopping {part.name}")
+                part.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            for part in wave:
+                try:
+                    part.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    part.proc.kill()
+                    part.proc.wait()
         for pid_file in [*self.pids.glob("*.pid"), *self.pids.glob("*.json")]:
             pid_file.unlink(missing_ok=True)

@@ -99,9 +99,11 @@ class Placer:
         self.used: dict[tuple[str, int], int] = {gpu: mb for gpu, mb in (used or {}).items()
                                                  if mb > 0}  # fmt: skip
         self.load = load or {}
-        self.models_on: dict[tuple[str, int], set[str]] = {
-            gpu: set(models) for gpu, models in (models_on or {}).items()
-        }
+        # model -> the cards that hold it: a model's replicas go to cards apart
+        self.cards_of: dict[str, set[tuple[str, int]]] = {}
+        for gpu, models in (models_on or {}).items():
+            for model in models:
+                self.cards_of.setdefault(model, set()).add(gpu)
         self._by_class: dict[tuple[str, int | None], _Capacity] = {}
 
     def capacity(self, gpu_class: str, gpu_memory_mb: int | None = None) -> _Capacity:
@@ -117,7 +119,7 @@ class Placer:
         placements: list[list[Slice]] = []
         for _ in range(count):
             if spec.nodes_per_replica == 1:
-                avoid = {gpu for gpu, models in self.models_on.items() if spec.name in models}
+                avoid = self.cards_of.get(spec.name, frozenset())
                 chosen = capacity.pick_one_node(spec.gpus_per_replica, avoid)
             else:
                 chosen = capacity.pick_fabric_nodes(spec.gpus_per_replica, spec.nodes_per_replica)
@@ -135,7 +137,7 @@ class Placer:
                 self.used[gpu] = self.used.get(gpu, 0) + max(
                     1, awake_mb(capacity.card_mb[gpu], spec.gpu_memory_mb)
                 )
-                self.models_on.setdefault(gpu, set()).add(spec.name)
+                self.cards_of.setdefault(spec.name, set()).add(gpu)
             capacity.readmit(piece.node, piece.gpus, self.used)
         for key in [k for k, c in self._by_class.items() if k[0] == spec.gpu_class]:
             if self._by_class[key] is not capacity:
