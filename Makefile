@@ -26,7 +26,7 @@ $(BUILT): $(STAMP) $(COMPILED_SOURCES)
 ## test: install, build the extension, lint, run every test and perf gate
 test: $(BUILT)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests bench; status=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests bench; status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$status
 
 ## run: install, then start a whole fleet on this machine (gpuctl up)
