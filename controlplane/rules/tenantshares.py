@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import orjson
+
 from controlplane.vocabulary.idle import ReportError
 
 FLOOR_SHARE = 0.02
@@ -89,12 +91,25 @@ def by_demand(capacity: float, wants: dict[str, float]) -> dict[str, float]:
     return {key: want + spare for key, want in wants.items()}
 
 
+MINUTE_ROW, BASE_ROW = "usage_minute/", "usage_base/"  # the store's rows (records)
+
+
 class TenantLedger:
-    """What routers report per tenant: demand rates per router, usage in minute buckets."""
+    """What routers report per tenant: demand rates per router, usage in minute buckets.
+
+    Usage is kept in the store, not only in the leader's memory: the minute buckets, and per
+    router the counters of its incarnation as last taken (its base). A report adds what its
+    counters grew since the base of the same incarnation, whichever leader took the base and
+    however long the router was silent; only a new incarnation starts from zero. So a failover
+    or a partition adds deltas, never a router's lifetime, and no minute reported is lost
+    (the rows are written before the report is answered)."""
 
     def __init__(self) -> None:
         # router -> (incarnation, wall time, {tenant: {"demand": [...], "usage": {...}}})
         self.last: dict[str, tuple[str, float, dict]] = {}
+        # router -> {"incarnation", "at", "counters"}: what its usage counts from
+        self.bases: dict[str, dict] = {}
+        self.dirty: set[str] = set()  # rows to write
         self.demand: dict[str, dict[str, list[float]]] = {}  # tenant -> router -> [rpm, tpm]
         self.minutes: deque = deque()  # (minute start, {(tenant, model): [USAGE_FIELDS]})
         self.keys_used: dict[str, float] = {}  # key id -> wall time last used
@@ -119,9 +134,14 @@ class TenantLedger:
         previous = self.last.get(router)
         self.last[router] = (incarnation, now, counters)
         if previous is None or previous[0] != incarnation:
-            before, since = {}, None  # counters start from zero with each incarnation
+            before, since = {}, None  # no rate from one report
         else:
             before, since = previous[2], previous[1]
+        base = self.bases.get(router)
+        # Usage counts from the base of the same incarnation, stored; a new one from zero.
+        counted = base["counters"] if base and base["incarnation"] == incarnation else {}
+        self.bases[router] = {"incarnation": incarnation, "at": now, "counters": counters}
+        self.dirty.add(BASE_ROW + router)
         bucket = self._bucket(now)
         for tenant, now_counts in counters.items():
             was = before.get(tenant, {"demand": [0.0, 0.0], "usage": {}})
@@ -138,8 +158,9 @@ class TenantLedger:
                         for r, k in zip(rates, kept, strict=True)
                     ]
                 self.demand[tenant][router] = rates
+            from_base = counted.get(tenant, {"usage": {}})["usage"]
             for model, values in now_counts["usage"].items():
-                old = was["usage"].get(model, [0.0] * len(USAGE_FIELDS))
+                old = from_base.get(model, [0.0] * len(USAGE_FIELDS))
                 into = bucket.setdefault((tenant, model), [0.0] * len(USAGE_FIELDS))
                 for i, (a, b) in enumerate(zip(values, old, strict=True)):
                     into[i] += a - b if a >= b else a  # counters that went back restarted
@@ -149,15 +170,49 @@ class TenantLedger:
         minute = math.floor(now / 60.0) * 60.0
         if not self.minutes or self.minutes[-1][0] != minute:
             self.minutes.append((minute, {}))
+        self.dirty.add(f"{MINUTE_ROW}{int(minute)}")
         return self.minutes[-1][1]
 
     def _forget_old(self, now: float) -> None:
         while self.minutes and self.minutes[0][0] < now - USAGE_KEPT_S:
-            self.minutes.popleft()
+            minute, _ = self.minutes.popleft()
+            self.dirty.add(f"{MINUTE_ROW}{int(minute)}")
+        for router in [r for r, b in self.bases.items() if now - b["at"] > USAGE_KEPT_S]:
+            del self.bases[router]
+            self.dirty.add(BASE_ROW + router)
         for router in [r for r, (_, at, _) in self.last.items() if now - at > ROUTER_GONE_S]:
             del self.last[router]
             for per_router in self.demand.values():
                 per_router.pop(router, None)
+
+    # The store's rows.
+
+    def load(self, rows: dict[str, bytes]) -> None:
+        """Minute buckets and bases from the store's rows (a new leader's, or a restart's)."""
+        minutes = []
+        for key, body in rows.items():
+            if key.startswith(MINUTE_ROW):
+                bucket = {tuple(k.split("\t", 1)): v for k, v in orjson.loads(body).items()}
+                minutes.append((float(key[len(MINUTE_ROW):]), bucket))
+            elif key.startswith(BASE_ROW):
+                self.bases[key[len(BASE_ROW):]] = orjson.loads(body)
+        self.minutes = deque(sorted(minutes, key=lambda m: m[0]))
+
+    def take_dirty_rows(self) -> dict[str, bytes | None]:
+        """key -> the row to write (None: delete it), for what changed since the last call."""
+        minutes = {f"{MINUTE_ROW}{int(m)}": bucket for m, bucket in self.minutes}
+        rows: dict[str, bytes | None] = {}
+        for key in self.dirty:
+            if key.startswith(MINUTE_ROW):
+                bucket = minutes.get(key)
+                rows[key] = None if bucket is None else orjson.dumps(
+                    {"\t".join(k): v for k, v in bucket.items()}
+                )
+            else:
+                base = self.bases.get(key[len(BASE_ROW):])
+                rows[key] = None if base is None else orjson.dumps(base)
+        self.dirty.clear()
+        return rows
 
     def forget_tenant(self, tenant: str) -> None:
         self.demand.pop(tenant, None)

@@ -120,6 +120,7 @@ class Fleet(Intents, TenantIntents, AgentReports):
         self.tenants: dict[str, Tenant] = kept["tenant"]
         self.tenant_keys: dict[str, TenantKey] = kept["tenant_key"]
         self.ledger = TenantLedger()
+        self.ledger.load(self.records.stored)
         # "auth": "tenants" once any tenant was applied, kept when the last one goes, so that
         # deleting it never opens the routers; `auth_flag` (gpuctl server --auth) overrides.
         self.settings: dict[str, str] = kept["setting"]
@@ -308,6 +309,11 @@ class Fleet(Intents, TenantIntents, AgentReports):
         routers, removed, gaps = self.idle.take_dirty_routers()
         if routers or removed or gaps:
             self.store.put_routers([r.to_dict() for r in routers], removed, gaps)
+        usage = self.ledger.take_dirty_rows()
+        if usage:
+            with self.store.batch():
+                for key, body in usage.items():
+                    self.store.put_record(key, body)
 
     def flush_records(self) -> None:
         """Write the leader's per-model records that changed (once a tick)."""

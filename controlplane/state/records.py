@@ -111,5 +111,7 @@ class ModelRecords:
                 if self.stored.get(key) != body:
                     store.put_record(key, body)
             for key in self.stored.keys() - rows.keys():
-                store.put_record(key, None)
-        self.stored = rows
+                if key.partition("/")[0] in current:  # rows of other kinds are not its own
+                    store.put_record(key, None)
+        self.stored = {k: v for k, v in self.stored.items() if k.partition("/")[0] not in current}
+        self.stored.update(rows)

@@ -46,3 +46,33 @@ def test_a_tenant_with_only_max_in_flight_holds_its_streams_through_one_router()
     while tenant.admit(0.0, 0, True) == ADMITTED:
         pass
     assert tenant.in_flight == 16 and tenant.admit(0.0, 0, True) == OVER_IN_FLIGHT
+
+
+def usage_report(fleet, router, incarnation, requests):
+    body = {"router": router, "incarnation": incarnation, "uptime_s": 100, "route_version": 0,
+            "used": {}, "watched": {}, "in_flight": {}, "waiting": {}}  # fmt: skip
+    counters = {"acme": {"demand": [requests, 0.0],
+                         "usage": {"chat": [requests, 0, 0, 10 * requests, 0, 0]}}}  # fmt: skip
+    fleet.idle.report(body)
+    fleet.ledger.report(body, counters, fleet.wall())
+    fleet.flush_activity()
+
+
+def requests_counted(fleet) -> int:
+    return sum(row["requests"] for row in fleet.ledger.usage(24 * 3600, fleet.wall()))
+
+
+def test_usage_adds_deltas_across_a_new_leader_and_a_long_silence(make_fleet, clock):
+    fleet, _ = make_fleet()
+    usage_report(fleet, "edge", "i1", 1000)  # a router's lifetime before this leader saw it
+    assert requests_counted(fleet) == 1000, "a new incarnation counts from zero"
+    usage_report(fleet, "edge", "i1", 1010)
+    assert requests_counted(fleet) == 1010
+    successor, _ = make_fleet()  # a new leader loads the store
+    usage_report(successor, "edge", "i1", 1015)
+    assert requests_counted(successor) == 1015, "5 more, not the router's lifetime again"
+    clock.advance(35)  # silent past the router lease
+    usage_report(successor, "edge", "i1", 1020)
+    assert requests_counted(successor) == 1020, "a silence adds what grew meanwhile, no more"
+    usage_report(successor, "edge", "i2", 3)  # restarted: its counters start again
+    assert requests_counted(successor) == 1023
