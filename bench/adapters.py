@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
@@ -121,11 +122,15 @@ class NativeLoraCache:
         return self.sim.timing.adapter_load_s
 
 
-def compare(s: Settings, max_adapters: int = 8, idle_after_s: float = 10.0, ways=WAYS) -> dict:
+def compare(
+    s: Settings, max_adapters: int = 8, idle_after_s: float = 10.0, ways=WAYS, progress=None
+) -> dict:
+    """Each way's result on one trace; `progress(way, result, seconds)` after each."""
     arrivals = trace(s)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for way in ways:
+            began = time.monotonic()
             if way == "adapters":
                 bodies = bodies_for_adapters(s, max_adapters, idle_after_s)
                 out[way] = run("pinned", arrivals, s, Path(tmp), bodies, warm=[], cards=s.cards)
@@ -147,6 +152,8 @@ def compare(s: Settings, max_adapters: int = 8, idle_after_s: float = 10.0, ways
                 settled = replace(s, warmup_minutes=max(s.warmup_minutes, starts_min + 3))
                 out[way] = run("sleep", arrivals, settled, Path(tmp), cards=s.cards)
             out[way].policy = way
+            if progress is not None:
+                progress(way, out[way], time.monotonic() - began)
     return out
 
 
@@ -189,6 +196,14 @@ def main() -> None:
     parser.add_argument(
         "--idle-after", type=float, default=10.0, help="adapters' idle_after (a reload is cheap)"
     )
+    parser.add_argument(
+        "--ways",
+        nargs="+",
+        choices=WAYS,
+        default=["adapters", "vllm-native"],
+        help="models-sleep (each fine-tune a model that sleeps) cold-starts every one in its"
+        " warm-up: minutes more per hundred fine-tunes",
+    )
     args = parser.parse_args()
     s = replace(
         Settings(),
@@ -203,12 +218,21 @@ def main() -> None:
         warmup_minutes=3.0,
         seed=args.seed,
     )
-    results = compare(s, args.max_adapters, args.idle_after)
     print(
         f"{args.adapters} fine-tunes on {args.cards} cards ({args.max_adapters} adapters a"
         f" replica), {args.minutes:g} min at {args.rate:g} req/s, CV {args.cv:g}, Zipf"
-        f" {args.zipf:g}; SLO {args.slo:g} s; adapters' idle_after {args.idle_after:g} s"
+        f" {args.zipf:g}; SLO {args.slo:g} s; adapters' idle_after {args.idle_after:g} s;"
+        f" ways: {', '.join(args.ways)} (about a minute each on two cores"
+        + ("; models-sleep far longer" if "models-sleep" in args.ways else "")
+        + ")",
+        flush=True,
     )
+
+    def progress(way, result, seconds):
+        print(f"  {way}: {100 * result.attainment:.1f}% within the SLO, p99 TTFT"
+              f" {percentile(result.ttft, 99):.2f} s ({seconds:.0f} s)", flush=True)  # fmt: skip
+
+    results = compare(s, args.max_adapters, args.idle_after, args.ways, progress)
     print(table(results, args.minutes))
 
 
