@@ -181,6 +181,9 @@ class Executor:
         if replica is None:
             return
         replica.unloading = {k: v for k, v in replica.unloading.items() if k not in act.adapters}
+        # Its engine is told to unload them now: held again only once it says so anew, so that
+        # a load decided before its next report routes nothing to an adapter already gone.
+        replica.adapters = [a for a in replica.adapters if a not in act.adapters]
         self.fleet.put_replica(replica)
         self.fleet.changed = True
         for name in act.adapters:

@@ -307,3 +307,23 @@ def test_an_unload_under_way_is_waited_for_not_doubled(served, clock):
     assert sum(fleet.adapter_unloads.values()) == 1
     assert [r.id for r in fleet.replicas.values() if r.unloading] == [victim_replica.id]
     assert "waiting for an unload to finish" in fleet.adapter_reasons["new"]
+
+
+def test_an_adapter_ordered_out_is_held_again_only_once_its_engine_says_so(served, clock):
+    """Unloaded on a replica, then wanted there again before its engine's next report: no
+    route to it until the engine reports it loaded anew (it may be gone already)."""
+    fleet, reconciler, router = served
+    full(served, clock)
+    fleet.apply_adapter(adapter("new"))
+    tick_for(fleet, reconciler, router, clock, 70, waiting={"new": 1})
+    victim_replica = next(r for r in fleet.replicas.values() if r.unloading)
+    (victim,) = victim_replica.unloading
+    clock.advance(1)
+    router.report(waiting={"new": 1})
+    reconciler.tick()  # acked: the engine is told to unload it now
+    assert victim not in victim_replica.unloading
+    assert victim not in victim_replica.adapters, "not held as far as routes go"
+    victim_replica.want_adapters.append(victim)  # wanted there again before any report
+    reconciler.tick()
+    slot = slot_id(victim_replica.id, victim)
+    assert slot not in [e["id"] for e in reconciler.routes.routes[victim]]
