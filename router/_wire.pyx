@@ -480,7 +480,7 @@ cdef inline Py_ssize_t reset_text(char* reset, Py_ssize_t reset_ms) noexcept:
 cpdef bytes with_max_tokens(bytes body, long long bound):
     """`body`, a JSON object, with `"max_tokens": bound` appended at its top level."""
     cdef bytes head = body.rstrip()
-    cdef bytes inside = head[:-1].rstrip()
+    cdef bytes inside = head[:len(head) - 1].rstrip()  # no negative index: wraparound is off
     comma = b"" if inside.endswith(b"{") else b","
     return b"%s%s\"max_tokens\":%d}" % (inside, comma, bound)
 
