@@ -2,7 +2,8 @@
 
 cimport cython
 
-from router._wire cimport number_after, ratelimit_lines
+from router._bodyscan cimport BodyFields
+from router._wire cimport ratelimit_lines
 
 
 cdef class Bucket:
@@ -77,6 +78,7 @@ cdef class TenantBook:
     cpdef TenantState find(self, bytes authorization)
 
 
+@cython.locals(fields=BodyFields)
 cpdef long long completion_bound(object payload) except -3
 cpdef long long tokens_asked(Py_ssize_t body_bytes, long long bound) except -1
 cdef Py_ssize_t _left(Bucket bucket)

@@ -52,7 +52,8 @@ def completion_bound(payload) -> int:
     if payload is None:
         return NO_BOUND
     if type(payload) is not dict:
-        return payload.completion_bound()
+        fields = payload  # the scan's fields: compiled, a C call
+        return fields.completion_bound()
     for name in ("max_completion_tokens", "max_tokens"):
         value = payload.get(name)
         if value is None:
