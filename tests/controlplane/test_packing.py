@@ -108,28 +108,25 @@ def awake(rid, name):
     return Replica(rid, name, [Slice("n1", [0])], state=ReplicaState.READY, ready_at=NOW - 600)
 
 
-def test_room_takes_the_fewest_and_idlest_occupants_whose_memory_is_enough():
+def three_awake_and_a_big_one_waiting(in_flight=None) -> RoomInputs:
+    """a, b and c (20 GB each) awake on one card, b the idlest; big (40 GB) waits."""
     small = [model(m, gb=20) for m in ("a", "b", "c")]
     for s in small:
         s.min_replicas = 0
     replicas = [awake("a-1", "a"), awake("b-1", "b"), awake("c-1", "c")]
     idle = {"a-1": (100.0, IdleState.EXACT), "b-1": (900.0, IdleState.EXACT),
             "c-1": (50.0, IdleState.EXACT)}  # fmt: skip
-    plan = plan_room(model("big", gb=40), room_inputs(replicas, [*small, model("big", 40)],
-                                                      idle=idle))  # fmt: skip
+    return room_inputs(replicas, [*small, model("big", 40)], in_flight, idle)
+
+
+def test_room_takes_the_fewest_and_idlest_occupants_whose_memory_is_enough():
+    plan = plan_room(model("big", gb=40), three_awake_and_a_big_one_waiting())
     assert [v.id for v in plan.victims] == ["b-1"], "one 20 GB engine is enough, the idlest"
     assert plan.placement == [Slice("n1", [0])]
 
 
 def test_room_never_takes_an_occupant_with_a_request_in_flight():
-    small = [model(m, gb=20) for m in ("a", "b", "c")]
-    for s in small:
-        s.min_replicas = 0
-    replicas = [awake("a-1", "a"), awake("b-1", "b"), awake("c-1", "c")]
-    idle = {"a-1": (100.0, IdleState.EXACT), "b-1": (900.0, IdleState.EXACT),
-            "c-1": (50.0, IdleState.EXACT)}  # fmt: skip
-    inputs = room_inputs(replicas, [*small, model("big", 40)], {"b-1": 1}, idle)
-    plan = plan_room(model("big", gb=40), inputs)
+    plan = plan_room(model("big", gb=40), three_awake_and_a_big_one_waiting({"b-1": 1}))
     assert [v.id for v in plan.victims] == ["a-1"], "b is busy: the next idlest goes"
 
 
