@@ -114,7 +114,7 @@ def test_sleep_reaches_the_goal_as_written(worst):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not reached yet: packed 0.92x dedicated on 8 cards (goal 0.99), 0.52x on 4 (goal"
+    reason="not reached yet: packed 0.92x dedicated on 8 cards (goal 0.99), 0.67x on 4 (goal"
     " 0.95); Aegaeon-shaped 0.82x on 4 cards (goal 0.99 at >= 5 models a card); p99 swapped"
     " TTFT 18.4 s on 8 cards (goal 4.1 s). Engines on"
     " one card share its compute (processor sharing, the pessimistic bound), and placement"

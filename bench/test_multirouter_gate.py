@@ -47,7 +47,7 @@ def test_routing_on_engine_reported_load_loses_nothing(rows):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="measured 0.92x and 1.01x on these pooled traces (goal 0.7x): their tail is bursts"
+    reason="measured 0.92x to 1.51x on these pooled traces (goal 0.7x): their tail is bursts"
     " over the engines' capacity, where every request waits for a place whichever replica it"
     " chose; the 60 s trace of bench.multirouter reaches 0.33x",
 )
