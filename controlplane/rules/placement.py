@@ -171,6 +171,7 @@ class _Capacity:
         self.whole: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
         # cards that something already uses and this engine still fits beside -> MiB used
         self.shared: dict[tuple[str, int], int] = {}
+        self.empty = 0  # fitting cards nothing is on: once none is left, no search for one
         # The shared card with the most memory left that this engine still does not fit on:
         # (MiB left, card, node) for the reason.
         self.roomiest: tuple[int, int, str] | None = None
@@ -201,6 +202,8 @@ class _Capacity:
             for index in free:
                 if used.get((node.name, index), 0) > 0:
                     self.shared[(node.name, index)] = used[(node.name, index)]
+                else:
+                    self.empty += 1
 
     def _note_roomiest(self, node: Node, held, used, free: list[int]) -> None:
         for g in node.gpus:
@@ -231,7 +234,8 @@ class _Capacity:
         taken = free[:n] if indexes is None else indexes
         self._set_free(name, [i for i in free if i not in taken])
         for index in taken:
-            self.shared.pop((name, index), None)
+            if self.shared.pop((name, index), None) is None:
+                self.empty -= 1
         return Slice(name, taken)
 
     def readmit(self, name: str, indexes: list[int], used: dict[tuple[str, int], int]) -> None:
@@ -252,7 +256,7 @@ class _Capacity:
     ) -> list[Slice] | None:
         """Cards on one node, none of them in `avoid` (those that hold this model already)."""
         if gpus == 1 and self.shared:
-            empty = self._best_fit(1, avoid, empty_only=True)
+            empty = self._best_fit(1, avoid, empty_only=True) if self.empty else None
             if empty is not None:
                 return empty
             card = min((g for g in self.shared if g not in avoid), default=None,

@@ -200,11 +200,10 @@ class TenantLedger:
 
     def take_dirty_rows(self) -> dict[str, bytes | None]:
         """key -> the row to write (None: delete it), for what changed since the last call."""
-        minutes = {f"{MINUTE_ROW}{int(m)}": bucket for m, bucket in self.minutes}
         rows: dict[str, bytes | None] = {}
         for key in self.dirty:
             if key.startswith(MINUTE_ROW):
-                bucket = minutes.get(key)
+                bucket = self._minute(float(key[len(MINUTE_ROW):]))
                 rows[key] = None if bucket is None else orjson.dumps(
                     {"\t".join(k): v for k, v in bucket.items()}
                 )
@@ -213,6 +212,16 @@ class TenantLedger:
                 rows[key] = None if base is None else orjson.dumps(base)
         self.dirty.clear()
         return rows
+
+    def _minute(self, start: float) -> dict | None:
+        """The bucket of the minute beginning at `start`: the newest ones are the written ones,
+        so the search runs from the end."""
+        for minute, bucket in reversed(self.minutes):
+            if minute == start:
+                return bucket
+            if minute < start:
+                return None
+        return None
 
     def forget_tenant(self, tenant: str) -> None:
         self.demand.pop(tenant, None)

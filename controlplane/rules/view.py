@@ -126,10 +126,6 @@ class FleetView:
 
     # cards
 
-    def held_gpus(self) -> set[tuple[str, int]]:
-        """GPUs an awake engine holds (alone or beside others)."""
-        return held_gpus(self.replicas.values())
-
     def reserved_gpus(self, but_for: str | None = None) -> dict[tuple[str, int], str]:
         return reserved_gpus(self.reservations, but_for)
 
@@ -151,12 +147,12 @@ class FleetView:
                     load[(piece.node, index)] = load.get((piece.node, index), 0) + n
         return load
 
-    def placer(self, also_held=frozenset(), but_for: str | None = None) -> Placer:
+    def placer(self, but_for: str | None = None) -> Placer:
         """Placement over the fleet as it stands: what engines hold of each card's memory
         is taken, and cards kept for a waiting model (but `but_for`) are taken whole."""
         return Placer(
             list(self.nodes.values()),
-            set(self.reserved_gpus(but_for)) | set(also_held),
+            set(self.reserved_gpus(but_for)),
             self.sleepers().used(),
             self.card_load(),
             self.models_on_cards(),

@@ -348,7 +348,8 @@ class Fleet(Intents, TenantIntents, AgentReports):
         return held_gpus(self.replicas.values())
 
     def sleepers(self) -> Memory:
-        """What sleeping engines keep of each card's memory and each node's host memory."""
+        """What engines keep of each card's memory (awake and asleep) and sleepers of each
+        node's host memory."""
         return memory_of(list(self.replicas.values()), self.specs, self.nodes)
 
     def view(self, route_version: int = 0, settings: TickSettings | None = None) -> FleetView:

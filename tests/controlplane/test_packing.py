@@ -156,6 +156,9 @@ def test_no_card_holds_more_than_its_memory(sizes, cards, loads):
     for on_card in held.values():
         if len(on_card) > 1:
             assert sum(on_card) <= CARD_MB - CARD_RESERVE_MB
+    for capacity in placer._by_class.values():  # its count of empty cards kept true
+        free = [(n, i) for n, cards in capacity.free.items() for i in cards]
+        assert capacity.empty == sum(1 for gpu in free if gpu not in capacity.shared)
 
 
 # The fleet, tick by tick: three 20 GB models awake on one 80 GB card, then a fourth of 40 GB.
