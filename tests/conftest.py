@@ -1,3 +1,7 @@
+import os
+import sys
+import threading
+
 import pytest
 
 from router import _fastpath, fastpath_py
@@ -39,3 +43,28 @@ def postgres_dsn(postgres_server, request):
     name = "t_" + re.sub(r"\W", "_", request.node.name.lower())[:50]
     postgres_server.create_database(name)
     return postgres_server.dsn_of(name)
+
+
+EXIT_WAIT_S = 60.0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """A run must end: the interpreter joins every non-daemon thread before it exits, so one
+    left looping by a test that failed midway would hold the run (and the CI job) forever. Once
+    pytest is done, a watchdog gives the threads a minute, then names them and ends the
+    process, failing it."""
+    status = getattr(config, "exit_status", 1)
+
+    def watchdog() -> None:
+        threading.Event().wait(EXIT_WAIT_S)
+        names = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
+        print(f"\nthe run could not end: threads still running {names}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(status or 1)
+
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.exit_status = int(exitstatus)

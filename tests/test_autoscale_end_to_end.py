@@ -45,9 +45,13 @@ def events(fleet) -> list[dict]:
 
 class Load:
     """`streams` clients, each streaming requests back to back until stopped; every stream
-    is checked whole (its last chunk has a finish reason and all its tokens came)."""
+    is checked whole (its last chunk has a finish reason and all its tokens came). Every load
+    is stopped when its test ends, even one that failed before `end` (`loads_stopped`)."""
+
+    running: list["Load"] = []
 
     def __init__(self, router: str, streams: int, tokens: int = 40) -> None:
+        Load.running.append(self)
         self.api = openai.OpenAI(base_url=router + "/v1", api_key="-", max_retries=0, timeout=60)
         self.tokens = tokens
         self.stop = threading.Event()
@@ -78,6 +82,17 @@ class Load:
         assert self.done
 
 
+@pytest.fixture(autouse=True)
+def loads_stopped():
+    """A test that fails mid-load would leave its clients looping, and the run would never
+    exit: their threads are joined when the interpreter ends."""
+    yield
+    while Load.running:
+        load = Load.running.pop()
+        load.stop.set()
+        load.pool.shutdown(wait=True, cancel_futures=True)
+
+
 def start(procs, tmp_path, startup_s=STARTUP_S, **fields):
     fleet = SimFleet(procs, tmp_path)
     call("POST", fleet.url + "/v1/models", busy_spec(startup_s, **fields))
@@ -95,8 +110,14 @@ def test_a_step_of_load_scales_out_fast_and_back_in_after_the_delay_losing_nothi
     reaction = time.monotonic() - stepped
     # Reports every 0.3 s, two ticks to double twice, then the engines' own start-up.
     assert reaction < 0.3 + 2 * TICK_S + STARTUP_S + 2.5, reaction
-    row = call("GET", fleet.url + "/v1/models/busy")[1]
-    assert row["autoscale"]["recommended"] == 4 and "target 4 -> 4" in row["autoscale"]["reason"]
+
+    # The recommendation is read a tick at a time from the routers' reports: wait for the
+    # one that follows the fourth replica's start rather than read whichever came before.
+    def recommends_four() -> bool:
+        autoscale = call("GET", fleet.url + "/v1/models/busy")[1]["autoscale"]
+        return autoscale["recommended"] == 4 and "target 4 -> 4" in autoscale["reason"]
+
+    wait_until(recommends_four, timeout=5, what="the recommendation at 4, with its reason")
     time.sleep(1.5)
     # The load falls from when the clients stop starting requests, while their last streams
     # (2 s each) finish: the delay counts from the first of that, not from the last.
