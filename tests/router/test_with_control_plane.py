@@ -233,15 +233,17 @@ def test_route_updates_under_traffic_lose_no_request(procs, tmp_path):
     workers = [threading.Thread(target=traffic) for _ in range(4)]
     for worker in workers:
         worker.start()
-    for replicas in (4, 1, 3, 2):
-        call("POST", fleet.url + "/v1/models/chat/scale", {"replicas": replicas})
-        for _ in range(5):
-            time.sleep(0.1)
-            fleet.bring_up()
-        wait_until(lambda n=replicas: len(activity(router)["watched"]) == n, what="new routes")
-    stop.set()
-    for worker in workers:
-        worker.join()
+    try:
+        for replicas in (4, 1, 3, 2):
+            call("POST", fleet.url + "/v1/models/chat/scale", {"replicas": replicas})
+            for _ in range(5):
+                time.sleep(0.1)
+                fleet.bring_up()
+            wait_until(lambda n=replicas: len(activity(router)["watched"]) == n, what="new routes")
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
     assert failures == []
     assert len(done) > 20
 
