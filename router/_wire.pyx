@@ -22,7 +22,8 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from router.errors import REASONS, InvalidResponse, RequestRefused
 from router.forwarding import (
-    MAX_ANSWER_HEAD_BYTES, NOT_FORWARDED, NOT_RELAYED, READ_BY_ROUTER, READ_FIELDS, headers_of,
+    MAX_ANSWER_HEAD_BYTES, NOT_FORWARDED, NOT_RELAYED, ONE_KEY, READ_BY_ROUTER, READ_FIELDS,
+    headers_of,
 )
 
 
@@ -622,6 +623,9 @@ cdef class RequestReader:
             if known_read[index]:
                 if self.building is None:
                     self.building = Request.__new__(Request)
+                elif known_field[index] == 0 and self.building.authorization is not None:
+                    self.refuse(400, ONE_KEY)
+                    return 1
                 set_read_header(
                     self.building, known_field[index],
                     PyBytes_FromStringAndSize(value.data, value.size),

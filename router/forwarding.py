@@ -38,6 +38,9 @@ READ_BY_ROUTER = frozenset(
         b"x-session-id",
     }
 )
+# A request with two keys is refused rather than served with either: which one a proxy or an
+# engine behind it would take is not ours to guess (RFC 9110 5.3: Authorization is no list).
+ONE_KEY = "more than one Authorization header: send one key"
 # Each is a Request attribute of its own: `content-type` is `request.content_type`.
 READ_FIELDS = {name: name.decode().replace("-", "_") for name in sorted(READ_BY_ROUTER)}
 

@@ -13,6 +13,7 @@ from router.forwarding import (
     MAX_ANSWER_HEAD_BYTES,
     NOT_FORWARDED,
     NOT_RELAYED,
+    ONE_KEY,
     READ_BY_ROUTER,
     READ_FIELDS,
     headers_of,
@@ -123,6 +124,8 @@ class RequestReader:
         self._count_head(len(name) + len(value))
         name = name.lower()
         if name in READ_BY_ROUTER:
+            if name == b"authorization" and self.request.authorization is not None:
+                raise RequestRefused(400, ONE_KEY)
             setattr(self.request, READ_FIELDS[name], value)
         if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
             raise RequestRefused(413, "request body is too large")

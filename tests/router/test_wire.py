@@ -186,6 +186,7 @@ REFUSED = [
     (b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", 400),  # bad chunk size
     (b"\x00\x01 not http at all\r\n\r\n", 400),
     (b"GET / HTTP/1.1\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nauthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n", 400),
     (b"POST / HTTP/1.1\r\nx-big: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n", 431),
     (b"GET /" + b"a" * MAX_HEADER_BYTES + b" HTTP/1.1\r\n\r\n", 431),
     (b"POST / HTTP/1.1\r\ncontent-length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1), 413),
