@@ -129,7 +129,9 @@ class RouterServer:
         ctx.affinity_by_model = dict(settings.static_affinity)
         if settings.tenants_file:
             ctx.tenants_changed(
-                read_tenants_file(settings.tenants_file, self.router_id, settings.workers)
+                read_tenants_file(
+                    settings.tenants_file, self.router_id, settings.workers, settings.worker
+                )
             )
         if self.load_reader is not None:
             ctx.extra_metrics = self.load_reader.metrics_lines

@@ -10,7 +10,9 @@ cdef class Bucket:
     cdef public double per_minute
     cdef public double level
     cdef public double at
+    cdef public double least
 
+    @cython.locals(most=double, elapsed=double)
     cpdef void fill(self, double per_minute, double now) except *
     cpdef double wait_for(self, double need) except -1
 

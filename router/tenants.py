@@ -70,23 +70,31 @@ def tokens_asked(body_bytes: int, bound: int) -> int:
 
 
 class Bucket:
-    """`rate` per minute, holding at most a minute of it; `level` may go below zero (a
-    request's tokens are taken whole once the bucket is above zero)."""
+    """`rate` per minute, holding at most a minute of it (and at least `least`, so that a share
+    of less than one request a minute still admits one in its time); `level` may go below
+    zero (a request's tokens are taken whole once the bucket is above zero).
 
-    def __init__(self, per_minute: float, now: float) -> None:
+    A new bucket starts with `start` (the fixed allowance of a router new to the tenant), not
+    a minute of its share: a router that restarts, or a worker that is replaced, would
+    otherwise hand out a whole minute's share again each time, on top of what its last
+    incarnation spent."""
+
+    def __init__(self, per_minute: float, now: float, start: float, least: float = 0.0) -> None:
         self.per_minute = per_minute
-        self.level = per_minute
+        self.least = least
+        self.level = min(max(start, least), max(per_minute, least))
         self.at = now
 
     def fill(self, per_minute: float, now: float) -> None:
         if per_minute != self.per_minute:
             self.per_minute = per_minute
+        most = per_minute if per_minute > self.least else self.least
         elapsed = now - self.at
         self.at = now
         if elapsed > 0:
-            self.level = min(per_minute, self.level + elapsed * per_minute / 60.0)
-        elif self.level > per_minute:
-            self.level = per_minute
+            self.level = min(most, self.level + elapsed * per_minute / 60.0)
+        elif self.level > most:
+            self.level = most
 
     def wait_for(self, need: float) -> float:
         """Seconds until the level reaches `need`."""
@@ -174,11 +182,16 @@ class TenantState:
             ]
         self.share_requests, self.share_tokens = given[0], given[1]
         self.floor_requests, self.floor_tokens = floor[0], floor[1]
-        self.share_in_flight = max(1, int(given[2]))  # never below one
-        self.floor_in_flight = max(1, int(floor[2]))
+        self.floor_in_flight = max(1, int(floor[2]))  # a floor is never below one
+        dealt = share is not None and len(share) > 2 and share[2] is not None
+        # A share dealt in whole requests may be none: workers of a file's tenant hold its
+        # max_in_flight between them, and fewer requests than workers leave some without.
+        self.share_in_flight = int(given[2]) if dealt else self.floor_in_flight
         if self.requests is None:
-            self.requests = Bucket(given[0], self.created)
-            self.tokens = Bucket(given[1], self.created)
+            # A second of the share, or the floor's minute where that is more (the floor is
+            # what a router new to the tenant may spend before the control plane names it).
+            self.requests = Bucket(given[0], self.created, max(given[0] / 60, floor[0]), 1.0)
+            self.tokens = Bucket(given[1], self.created, max(given[1] / 60, floor[1]))
 
     def may_call(self, model: str) -> bool:
         if not self.patterns:

@@ -26,10 +26,11 @@ SHARED_LIMITS = LIMITS[:3]  # split among the workers, in the order of a share
 FIELDS = {"name", "models", "weight", "priority", "key_sha256", *LIMITS}
 
 
-def read_tenants_file(path: str, router_id: str, workers: int = 1) -> dict:
+def read_tenants_file(path: str, router_id: str, workers: int = 1, worker: int = 0) -> dict:
     """The part of a routing table a control plane would send (router/tenants.py), or
     ValueError naming the file, the tenant and the field. With `workers` processes on one
-    port, each holds an even part of every limit: together they hold the whole."""
+    port, worker number `worker` holds its part of every limit (`worker_share`): together
+    they hold the whole, never more."""
     with open(path) as f:
         try:
             loaded = yaml.safe_load(f) or {}
@@ -55,9 +56,7 @@ def read_tenants_file(path: str, router_id: str, workers: int = 1) -> dict:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"{where}.priority: an integer")
         rules["priority"] = priority
-        rules["shares"] = {
-            router_id: [(rules[limit] or 0) / max(workers, 1) for limit in SHARED_LIMITS]
-        }
+        rules["shares"] = {router_id: worker_shares(rules, workers, worker)}
         tenants[name] = rules
         digests = entry.get("key_sha256") or []
         if not isinstance(digests, list):
@@ -67,6 +66,17 @@ def read_tenants_file(path: str, router_id: str, workers: int = 1) -> dict:
                 raise ValueError(f"{where}.key_sha256[{number}]: 64 hex digits")
             keys[digest.lower()] = [name, f"{name}-{number}"]
     return {"share_lease_s": math.inf, "tenants": tenants, "keys": keys}
+
+
+def worker_shares(rules: dict, workers: int, worker: int) -> list:
+    """Worker `worker`'s part of each limit among `workers`, in the order of a share: each
+    rate's even part (a bucket of a fraction of a request still admits one, in its time), and
+    whole requests in flight dealt out one by one, so that 2 in flight among 4 workers are one
+    each on two of them and none on the others: together never more than the limit."""
+    workers = max(workers, 1)
+    requests, tokens, in_flight = (rules[limit] or 0 for limit in SHARED_LIMITS)
+    whole = in_flight // workers + (1 if worker % workers < in_flight % workers else 0)
+    return [requests / workers, tokens / workers, whole]
 
 
 def _models(value, where: str) -> list[str]:

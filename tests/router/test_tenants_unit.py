@@ -34,11 +34,29 @@ def limited(now=0.0, **rules):
 def test_requests_are_admitted_at_the_share_and_refused_beyond():
     tenant = TenantState("t", 0.0)
     tenant.configure({"requests_per_minute": 600}, [60.0, None, None], FLOOR_SHARE, 3)
-    admitted = sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(100))
-    assert admitted == 60, "a minute of the share at once, no more"
-    assert tenant.admit(0.0, 0, True) == OVER_REQUESTS
+    admitted = sum(tenant.admit(60.0, 0, True) == ADMITTED for _ in range(100))
+    assert admitted == 60, "a minute of the share at once once it filled, no more"
+    assert tenant.admit(60.0, 0, True) == OVER_REQUESTS
     assert 0.9 <= tenant.retry_after(OVER_REQUESTS) <= 1.1  # one request a second
-    assert tenant.admit(1.01, 0, True) == ADMITTED
+    assert tenant.admit(61.01, 0, True) == ADMITTED
+
+
+def test_a_new_router_starts_with_the_floors_allowance_not_a_minute_of_its_share():
+    """A router restarted in a loop must not hand out a whole minute's share each time."""
+    tenant = TenantState("t", 0.0)
+    tenant.configure({"requests_per_minute": 6000}, [6000.0, None, None], FLOOR_SHARE, 1)
+    assert sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(1000)) == 120, "2%"
+    big = TenantState("t", 0.0)
+    big.configure({"requests_per_minute": 600_000}, [600_000.0, None, None], FLOOR_SHARE, 1)
+    assert sum(big.admit(0.0, 0, True) == ADMITTED for _ in range(20_000)) == 12_000
+    tokens = limited(tokens_per_minute=60_000)
+    taken = [tokens.admit(0.0, 600, True) for _ in range(3)]
+    assert taken == [ADMITTED, ADMITTED, OVER_TOKENS], "2% of 60,000: 1,200"
+    slow = TenantState("t", 0.0)
+    slow.configure({"requests_per_minute": 2}, [0.5, None, None], FLOOR_SHARE, 4)
+    assert slow.admit(0.0, 0, True) == ADMITTED, "a share under one a minute still admits one"
+    assert slow.admit(60.0, 0, True) == OVER_REQUESTS
+    assert slow.admit(120.0, 0, True) == ADMITTED
 
 
 def test_a_lapsed_lease_falls_to_the_floor():
@@ -53,13 +71,13 @@ def test_a_lapsed_lease_falls_to_the_floor():
 
 def test_tokens_are_taken_whole_and_settled_from_the_engines_usage():
     tenant = limited(tokens_per_minute=1000)
-    assert tenant.admit(0.0, 900, True) == ADMITTED
-    assert tenant.admit(0.0, 900, True) == ADMITTED  # the bucket was above zero
-    assert tenant.admit(0.0, 10, True) == OVER_TOKENS
+    assert tenant.admit(60.0, 900, True) == ADMITTED
+    assert tenant.admit(60.0, 900, True) == ADMITTED  # the bucket was above zero
+    assert tenant.admit(60.0, 10, True) == OVER_TOKENS
     tenant.settle(900, 100)  # used far less than estimated: 800 back, to zero
-    assert tenant.admit(0.0, 10, True) == OVER_TOKENS
+    assert tenant.admit(60.0, 10, True) == OVER_TOKENS
     tenant.settle(900, 100)
-    assert tenant.admit(0.0, 10, True) == ADMITTED
+    assert tenant.admit(60.0, 10, True) == ADMITTED
     assert tenant.in_flight == 1
 
 
@@ -153,13 +171,20 @@ def test_workers_on_one_port_split_a_tenants_file_limits(tmp_path):
     path.write_text("tenants:\n  - name: a\n    requests_per_minute: 600\n    max_in_flight: 4\n")
     alone = read_tenants_file(str(path), "r", 1)["tenants"]["a"]["shares"]["r"]
     assert alone == [600, 0, 4]
+    dealt = [
+        read_tenants_file(str(path), "r", 8, w)["tenants"]["a"]["shares"]["r"] for w in range(8)
+    ]
+    assert [share[2] for share in dealt] == [1, 1, 1, 1, 0, 0, 0, 0], "4 in flight, 8 workers"
+    none = TenantBook()
+    none.update(read_tenants_file(str(path), "r-w7", 8, 7), "r-w7", 0.0)
+    assert none.tenants["a"].admit(0.0, 0, True) == OVER_IN_FLIGHT
     book = TenantBook()
     book.update(read_tenants_file(str(path), "r-w0", 4), "r-w0", 0.0)
     tenant = book.tenants["a"]
-    admitted = sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(1000))
+    admitted = sum(tenant.admit(60.0, 0, True) == ADMITTED for _ in range(1000))
     assert admitted == 1, "a quarter of 4 in flight: one at a time per worker"
     tenant.settle(0, 0)
-    assert sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(1000)) == 1
+    assert sum(tenant.admit(60.0, 0, True) == ADMITTED for _ in range(1000)) == 1
     assert tenant.requests.level < 150, "a quarter of 600 a minute, less what was taken"
 
 
