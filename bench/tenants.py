@@ -1,7 +1,8 @@
-"""Tenants held to their limits and shares across three routers, with real processes.
+"""Tenants held to their limits and shares across routers, with real processes.
 
-A `gpuctl server` (its defaults), three gpurouter processes following it (their defaults, but
-`--max-in-flight 2`: a router shares out a model's slots only where it knows their number), and
+A `gpuctl server` (its defaults), gpurouter processes following it (three by default, each
+with `--workers` processes on its port; their defaults, but `--max-in-flight 2`: a router
+shares out a model's slots only where it knows their number), and
 sim engines that run a bounded number of sequences at once. The bench plays the node agent
 (it registers a node and heartbeats replicas Ready at the engines' URLs). Two models:
 
@@ -13,14 +14,21 @@ and three tenants, each with its own key, sent through the routers' HTTP like an
     A   weight 1
     B   weight 3
     C   requests_per_minute 600, sending ten times that, 80% of it through one router
+    D   max_in_flight 32 and nothing else, holding 48 streams open spread over the routers
 
 The phases, one after the other on the same processes:
 1. A and B stream from `chat` at 15 requests/s each, spread over the routers: p99 TTFT alone.
 2. The same with C's flood on `chat`: A's and B's p99 TTFT with C present, and C's admitted
    rate over the routers together, measured after the shares settled (`--warmup`).
+   Meanwhile: how many route versions a second the control plane published (shares move
+   with demand; more than a few a second is churn).
 3. A and B each keep 6 requests per router on `busy`: completions A:B.
+4. D's 48 streams on `slow`: the most of D's requests in flight at once, across the routers.
 
-    python -m bench.tenants [--seconds 10] [--warmup 10]
+    python -m bench.tenants [--seconds 10] [--warmup 10] [--routers 3] [--workers 1]
+
+16 routers on a machine of two cores: `--routers 4 --workers 4` (each worker is a router of
+its own to the control plane, with its own share).
 """
 
 from __future__ import annotations
@@ -37,20 +45,26 @@ import aiohttp
 from tests.harness import Processes, call, control_plane, wait_until
 
 ROUTERS = 3
+D_IN_FLIGHT, D_STREAMS = 32, 48
 ROUTER_FLAGS = ("--max-in-flight", "2")
-CHAT_REPLICAS, BUSY_REPLICAS = 4, 1
+CHAT_REPLICAS, BUSY_REPLICAS, SLOW_REPLICAS = 4, 1, 2
 CHAT_ENGINE = {"max_num_seqs": 8, "ttft": 0.02, "tokens_per_s": 400, "output_tokens": 8}
 BUSY_ENGINE = {"max_num_seqs": 6, "ttft": 0.05, "tokens_per_s": 200, "output_tokens": 8}
+# Streams long enough (2 s) that D's requests overlap: room for all 48 at once.
+SLOW_ENGINE = {"max_num_seqs": 64, "ttft": 0.05, "tokens_per_s": 20, "output_tokens": 40}
 C_LIMIT = 600  # requests per minute
 C_RATE = 100.0  # requests per second: ten times its limit
-C_SPLIT = (0.8, 0.1, 0.1)  # of C's requests, through each router
+C_FIRST = 0.8  # of C's requests, through the first router; the rest spread over the others
 AB_RATE = 15.0  # requests per second each, in phases 1 and 2
 WAITING_PER_ROUTER = 6  # phase 3: requests each of A and B keeps at each router
 TENANTS = {
     "a": {"name": "a", "weight": 1},
     "b": {"name": "b", "weight": 3},
     "c": {"name": "c", "requests_per_minute": C_LIMIT},
+    "d": {"name": "d", "max_in_flight": D_IN_FLIGHT},
 }
+ENGINES = {"chat": CHAT_ENGINE, "busy": BUSY_ENGINE, "slow": SLOW_ENGINE}
+REPLICAS = {"chat": CHAT_REPLICAS, "busy": BUSY_REPLICAS, "slow": SLOW_REPLICAS}
 
 
 @dataclass
@@ -60,6 +74,7 @@ class Setup:
     routers: list[str]
     keys: dict[str, str]
     ready: dict = field(default_factory=dict)
+    engines: list = field(default_factory=list)  # (model, url)
     stop: threading.Event = field(default_factory=threading.Event)
 
 
@@ -68,7 +83,7 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def start(procs: Processes, folder) -> Setup:
+def start(procs: Processes, folder, routers: int = ROUTERS, workers: int = 1) -> Setup:
     server, _ = control_plane(procs, folder / "state.sqlite")
     node = {
         "name": "n1",
@@ -81,27 +96,30 @@ def start(procs: Processes, folder) -> Setup:
     }
     call("POST", server + "/v1/nodes", node)
     command = ["gpuctl", "sim-engine", "--port", "{port}", "--model", "{model}"]
-    for name, replicas in (("chat", CHAT_REPLICAS), ("busy", BUSY_REPLICAS)):
+    for name, replicas in REPLICAS.items():
         spec = {"name": name, "gpu_class": "H100-80GB", "command": command}
         call("POST", server + "/v1/models", {**spec, "replicas": replicas})
 
     def assignments():
         return call("POST", server + "/v1/nodes/n1/heartbeat", {})[1]["assignments"]
 
-    wait_until(lambda: len(assignments()) == CHAT_REPLICAS + BUSY_REPLICAS, what="placement")
-    ready = {}
+    wait_until(lambda: len(assignments()) == sum(REPLICAS.values()), what="placement")
+    ready, engines = {}, []
     for assigned in assignments():
-        flags = CHAT_ENGINE if assigned["model"] == "chat" else BUSY_ENGINE
-        url = procs.engine(assigned["model"], **flags)
+        url = procs.engine(assigned["model"], **ENGINES[assigned["model"]])
+        engines.append((assigned["model"], url))
         ready[assigned["replica"]] = {"state": "Ready", "url": url}
     keys = {}
     for name, body in TENANTS.items():
         call("POST", server + "/v1/tenants", body)
         keys[name] = call("POST", server + f"/v1/tenants/{name}/keys")[1]["key"]
-    setup = Setup(procs, server, [], keys, ready)
+    setup = Setup(procs, server, [], keys, ready, engines)
     threading.Thread(target=heartbeats, args=(setup,), daemon=True).start()
-    for index in range(ROUTERS):
-        url, _ = procs.router("--control-plane", server, "--router-id", f"r{index}", *ROUTER_FLAGS)
+    for index in range(routers):
+        url, _ = procs.router(
+            "--control-plane", server, "--router-id", f"r{index}", "--workers", str(workers),
+            *ROUTER_FLAGS,
+        )  # fmt: skip
         setup.routers.append(url)
     for url in setup.routers:
         wait_until(lambda u=url: _serves(u, keys["a"]), what="the routes and keys")
@@ -191,9 +209,34 @@ async def closed_loop(http, router, key, tenant, model, until, tally) -> None:
         await send(http, router, key, tenant, model, False, tally)
 
 
+async def route_version(http, server: str) -> int:
+    async with http.get(server + "/v1/routes") as resp:
+        return (await resp.json())["version"]
+
+
+async def running_on(http, engines: list[str]) -> int:
+    """Sequences the engines run now, by their own metrics."""
+    total = 0
+    for url in engines:
+        async with http.get(url + "/metrics") as resp:
+            for line in (await resp.text()).splitlines():
+                if line.startswith("vllm:num_requests_running"):
+                    total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+async def most_in_flight(http, engines: list[str], until: float) -> int:
+    most = 0
+    while time.monotonic() < until:
+        most = max(most, await running_on(http, engines))
+        await asyncio.sleep(0.05)
+    return most
+
+
 async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
     routers, keys = setup.routers, setup.keys
-    even = (1.0, 1.0, 1.0)
+    even = (1.0,) * len(routers)
+    c_split = (C_FIRST,) + ((1 - C_FIRST) / (len(routers) - 1),) * (len(routers) - 1)
     tally = Tally()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(
@@ -213,13 +256,18 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
         began = time.monotonic()
         settled = began + warmup
         until = settled + seconds
+        versions_before = await route_version(http, setup.server)
         await asyncio.gather(
-            open_loop(http, routers, C_SPLIT, keys["c"], "c", "chat", False, C_RATE, until, tally),
+            open_loop(http, routers, c_split, keys["c"], "c", "chat", False, C_RATE, until, tally),
             *(
                 open_loop(http, routers, even, keys[t], t, "chat", True, AB_RATE, until, tally)
                 for t in ("a", "b")
             ),
         )
+        versions = await route_version(http, setup.server) - versions_before
+        async with http.get(setup.server + "/v1/routes") as resp:
+            c_shares = (await resp.json())["tenants"]["tenants"]["c"]["shares"]
+        flood_s = time.monotonic() - began
         with_c = tally.ttft_in(("a", "b"), settled, until)
         c_admitted = tally.in_window("c", settled, until)
         c_refused = tally.in_window("c", settled, until, 429)
@@ -236,10 +284,26 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
             )
         )
         completed = {t: tally.in_window(t, settled, until) for t in ("a", "b")}
+        # 4: D's streams, more than its max_in_flight, spread over the routers
+        began = time.monotonic()
+        until = began + seconds
+        slow = [e for model, e in setup.engines if model == "slow"]
+        d_routers = [routers[i % len(routers)] for i in range(D_STREAMS)]
+        _, d_most = await asyncio.gather(
+            asyncio.gather(
+                *(closed_loop(http, r, keys["d"], "d", "slow", until, tally) for r in d_routers)
+            ),
+            most_in_flight(http, slow, until),
+        )
     lost = sum(
         1 for answers in tally.answers.values() for _, status in answers if status not in (200, 429)
     )
     return {
+        "routers": len(routers),
+        "route_versions_per_s": round(versions / flood_s, 2),
+        "c_shares_per_min": {r: round(share[0], 1) for r, share in sorted(c_shares.items())},
+        "d_max_in_flight": D_IN_FLIGHT,
+        "d_most_in_flight": d_most,
         "seconds": seconds,
         "c_limit_per_min": C_LIMIT,
         "c_admitted_per_min": round(c_admitted * 60.0 / seconds, 1),
@@ -254,16 +318,18 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
     }
 
 
-def measure(folder, seconds: float = 10.0, warmup: float = 10.0) -> dict:
+def measure(
+    folder, seconds: float = 10.0, warmup: float = 10.0, routers: int = ROUTERS, workers: int = 1
+) -> dict:
     procs = Processes(folder)
     setup = None
     try:
-        setup = start(procs, folder)
+        setup = start(procs, folder, routers, workers)
         result = asyncio.run(phases(setup, seconds, warmup))
         usage = call("GET", setup.server + "/v1/usage?since=1h")[1]["items"]
         table = call("GET", setup.server + "/v1/routes")[1]
-        shares = table["tenants"]["tenants"]["c"]["shares"]
-        result["c_shares_per_min"] = {r: round(s[0], 1) for r, s in sorted(shares.items())}
+        d_shares = table["tenants"]["tenants"]["d"]["shares"]
+        result["d_in_flight_shares"] = {r: s[2] for r, s in sorted(d_shares.items())}
         result["usage_rows"] = len(usage)
         return result
     finally:
@@ -276,12 +342,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="each phase's window")
     parser.add_argument("--warmup", type=float, default=10.0, help="phase 2, before measuring")
+    parser.add_argument("--routers", type=int, default=ROUTERS, help="router processes")
+    parser.add_argument("--workers", type=int, default=1, help="each router's processes")
     args = parser.parse_args()
     import tempfile
     from pathlib import Path
 
     with tempfile.TemporaryDirectory(prefix="gpufleet-tenants-") as folder:
-        print(json.dumps(measure(Path(folder), args.seconds, args.warmup), indent=2))
+        found = measure(Path(folder), args.seconds, args.warmup, args.routers, args.workers)
+        print(json.dumps(found, indent=2))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ cdef class TenantState:
     cdef public Bucket requests
     cdef public Bucket tokens
     cdef public long in_flight
+    cdef public long wanted_in_flight
     cdef public double demand_requests
     cdef public double demand_tokens
     cdef public dict usage

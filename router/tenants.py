@@ -155,6 +155,9 @@ class TenantState:
         self.in_flight = 0
         self.demand_requests = 0.0  # asked of this router since it started, admitted or not
         self.demand_tokens = 0.0
+        # The most requests in flight at once it held or was asked to hold since the last
+        # report: what the control plane splits max_in_flight by.
+        self.wanted_in_flight = 0
         self.usage: dict = {}  # model -> UsageRow
         self.waits: dict = {}  # model -> [count per WAIT_BUCKETS bucket, +Inf, sum]
 
@@ -211,6 +214,8 @@ class TenantState:
         """ADMITTED (and counted in flight), or which limit refuses the request."""
         self.demand_requests += 1
         self.demand_tokens += tokens
+        if self.in_flight >= self.wanted_in_flight:
+            self.wanted_in_flight = self.in_flight + 1
         if leased:
             requests, most = self.share_requests, self.share_in_flight
             tokens_share = self.share_tokens
@@ -296,8 +301,9 @@ class TenantState:
         )
 
     def report(self) -> dict:
+        wanted, self.wanted_in_flight = self.wanted_in_flight, self.in_flight
         return {
-            "demand": [self.demand_requests, self.demand_tokens],
+            "demand": [self.demand_requests, self.demand_tokens, wanted],
             "usage": {model: row.as_list() for model, row in self.usage.items()},
         }
 

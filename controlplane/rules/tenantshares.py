@@ -20,9 +20,18 @@ control plane), at its floor. The fleet-wide rate exceeds the limit by at most t
 of the routers that began to ask within one table's round trip, and the floors of those cut
 off, never by anything held by routers that do not ask.
 
-`max_in_flight` is split the same way, in whole requests: each asking router at least one,
-the rest in proportion to its requests' demand; so its excess is at most the asking routers
-beyond the limit (16 askers of a tenant with max_in_flight 4 hold one each).
+`max_in_flight` is split in whole requests, max-min fair by the concurrency each router
+wanted: a router reports the most of the tenant's requests it held or was asked to hold at
+once since its last report (in flight plus the one asking). A router that wanted no more than
+its share keeps what it wanted; the rest is dealt evenly among the routers that wanted more
+(each asking router at least one). So its excess is at most the asking routers beyond the
+limit (16 askers of a tenant with max_in_flight 4 hold one each), and a router whose clients
+retry a refusal at once does not take the others' slots by asking more often.
+
+Shares move slowly on purpose: every new table makes each router report at once, so a rate
+is taken over at least MIN_RATE_S, and a tenant's published shares hold SHARE_HOLD_S unless
+the routers asking for it changed. Without both, 16 routers published 80 tables a second,
+each a rate over a gap of milliseconds.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ SHARE_LEASE_S = 15.0  # a router keeps its share this long after last hearing th
 DEMAND_SMOOTHING = 0.5  # weight of the newest rate in the moving average
 ROUTER_GONE_S = 30.0  # a router not heard from this long leaves the split
 SHARE_CHANGE = 0.02  # of the limit: smaller moves are not worth a new table version
+MIN_RATE_S = 2.0  # a demand rate is taken over at least this long
+SHARE_HOLD_S = 2.0  # published shares hold this long while the same routers ask
 USAGE_KEPT_S = 24 * 3600.0
 # Usage counters per (tenant, model), in this order, in reports and in minute buckets.
 USAGE_FIELDS = (
@@ -65,14 +76,38 @@ def split(limit: float, demands: dict[str, float]) -> dict[str, float]:
     return {router: floor + given for router, given in by_demand(rest, wants).items()}
 
 
+def split_fair(limit: int, wanted: dict[str, float | None]) -> dict[str, int]:
+    """`limit` whole requests in flight, max-min fair: a router that wants no more than an
+    even part of what is left gets what it wants (at least one); the others (None: wants more
+    than it was given) share the rest evenly, the remainder to the first by name."""
+    if len(wanted) >= limit:
+        return dict.fromkeys(wanted, 1)
+    given: dict[str, int] = {}
+    left, open_ = limit, sorted(wanted)
+    while open_:
+        part = left / len(open_)
+        modest = [r for r in open_ if wanted[r] is not None and max(1, wanted[r]) <= part]
+        if not modest:
+            break
+        for router in modest:
+            given[router] = max(1, math.ceil(wanted[router]))
+            left -= given[router]
+        open_ = [r for r in open_ if r not in given]
+    # What is left goes to the routers that want more; where none does, to all of them, so
+    # that a router's next burst finds room.
+    takers = open_ or sorted(wanted)
+    even, extra = divmod(max(left, 0), len(takers))
+    for index, router in enumerate(takers):
+        given[router] = max(1, given.get(router, 0) + even + (1 if index < extra else 0))
+    return given
+
+
 def split_whole(limit: int, demands: dict[str, float]) -> dict[str, int]:
     """`limit` whole requests in flight among routers: each at least one, the rest in
     proportion to demand (largest remainders first, ties by name)."""
     rest = max(0, limit - len(demands))
     wanted = sum(demands.values())
-    exact = {
-        r: rest * (d / wanted if wanted > 0 else 1 / len(demands)) for r, d in demands.items()
-    }
+    exact = {r: rest * (d / wanted if wanted > 0 else 1 / len(demands)) for r, d in demands.items()}
     given = {r: 1 + math.floor(x) for r, x in exact.items()}
     left = rest - sum(g - 1 for g in given.values())
     for r in sorted(exact, key=lambda r: (-(exact[r] - math.floor(exact[r])), r))[:left]:
@@ -114,6 +149,13 @@ class TenantLedger:
         self.minutes: deque = deque()  # (minute start, {(tenant, model): [USAGE_FIELDS]})
         self.keys_used: dict[str, float] = {}  # key id -> wall time last used
         self.published: dict[str, dict[str, list[float]]] = {}  # tenant -> router -> shares
+        self.published_at: dict[str, float] = {}  # tenant -> when its shares last moved
+        # tenant -> router -> the most requests in flight it wanted at once: since the last
+        # publication, and as last used
+        self.wanted: dict[str, dict[str, float]] = {}
+        self.wanted_used: dict[str, dict[str, float]] = {}
+        self.rate_base: dict[str, tuple[str, float, dict]] = {}  # router -> a rate's start
+        self.clock = 0.0  # the newest report's time
 
     def check(self, body) -> dict:
         """A report's `tenants` and `keys_used` parsed, or ReportError naming the field."""
@@ -131,12 +173,15 @@ class TenantLedger:
         router, incarnation = body["router"], body.get("incarnation", "")
         for key_id, at in body.get("keys_used", {}).items():
             self.keys_used[key_id] = max(at, self.keys_used.get(key_id, 0.0))
-        previous = self.last.get(router)
+        self.clock = max(self.clock, now)
         self.last[router] = (incarnation, now, counters)
+        previous = self.rate_base.get(router)
+        before, since = {}, None  # no rate from one report, nor over a gap under MIN_RATE_S
         if previous is None or previous[0] != incarnation:
-            before, since = {}, None  # no rate from one report
-        else:
+            self.rate_base[router] = (incarnation, now, counters)
+        elif now - previous[1] >= MIN_RATE_S:
             before, since = previous[2], previous[1]
+            self.rate_base[router] = (incarnation, now, counters)
         base = self.bases.get(router)
         # Usage counts from the base of the same incarnation, stored; a new one from zero.
         counted = base["counters"] if base and base["incarnation"] == incarnation else {}
@@ -144,6 +189,9 @@ class TenantLedger:
         self.dirty.add(BASE_ROW + router)
         bucket = self._bucket(now)
         for tenant, now_counts in counters.items():
+            if now_counts.get("wanted") is not None:
+                into = self.wanted.setdefault(tenant, {})
+                into[router] = max(into.get(router, 0.0), now_counts.get("wanted"))
             was = before.get(tenant, {"demand": [0.0, 0.0], "usage": {}})
             if since is not None and now > since:
                 per_minute = 60.0 / (now - since)
@@ -182,8 +230,10 @@ class TenantLedger:
             self.dirty.add(BASE_ROW + router)
         for router in [r for r, (_, at, _) in self.last.items() if now - at > ROUTER_GONE_S]:
             del self.last[router]
-            for per_router in self.demand.values():
-                per_router.pop(router, None)
+            self.rate_base.pop(router, None)
+            for by_tenant in (self.demand, self.wanted, self.wanted_used):
+                for per_router in by_tenant.values():
+                    per_router.pop(router, None)
 
     # The store's rows.
 
@@ -193,9 +243,9 @@ class TenantLedger:
         for key, body in rows.items():
             if key.startswith(MINUTE_ROW):
                 bucket = {tuple(k.split("\t", 1)): v for k, v in orjson.loads(body).items()}
-                minutes.append((float(key[len(MINUTE_ROW):]), bucket))
+                minutes.append((float(key[len(MINUTE_ROW) :]), bucket))
             elif key.startswith(BASE_ROW):
-                self.bases[key[len(BASE_ROW):]] = orjson.loads(body)
+                self.bases[key[len(BASE_ROW) :]] = orjson.loads(body)
         self.minutes = deque(sorted(minutes, key=lambda m: m[0]))
 
     def take_dirty_rows(self) -> dict[str, bytes | None]:
@@ -203,12 +253,14 @@ class TenantLedger:
         rows: dict[str, bytes | None] = {}
         for key in self.dirty:
             if key.startswith(MINUTE_ROW):
-                bucket = self._minute(float(key[len(MINUTE_ROW):]))
-                rows[key] = None if bucket is None else orjson.dumps(
-                    {"\t".join(k): v for k, v in bucket.items()}
+                bucket = self._minute(float(key[len(MINUTE_ROW) :]))
+                rows[key] = (
+                    None
+                    if bucket is None
+                    else orjson.dumps({"\t".join(k): v for k, v in bucket.items()})
                 )
             else:
-                base = self.bases.get(key[len(BASE_ROW):])
+                base = self.bases.get(key[len(BASE_ROW) :])
                 rows[key] = None if base is None else orjson.dumps(base)
         self.dirty.clear()
         return rows
@@ -224,8 +276,9 @@ class TenantLedger:
         return None
 
     def forget_tenant(self, tenant: str) -> None:
-        self.demand.pop(tenant, None)
-        self.published.pop(tenant, None)
+        for by_tenant in (self.demand, self.published, self.published_at, self.wanted,
+                          self.wanted_used):  # fmt: skip
+            by_tenant.pop(tenant, None)
 
     def usage(self, since_s: float, now: float) -> list[dict]:
         """Rows per (tenant, model) over the last `since_s` seconds, by tenant then model."""
@@ -261,13 +314,16 @@ class TenantLedger:
         if not routers or not (rpm or tpm or in_flight):
             self.published.pop(tenant, None)
             return {}
+        old = self.published.get(tenant, {})
+        same_routers = sorted(old) == routers
+        if same_routers and self.clock - self.published_at.get(tenant, -math.inf) < SHARE_HOLD_S:
+            return old
         asked = {r: demands.get(r, [0.0, 0.0]) for r in routers}
         by_requests = split(rpm, {r: asked[r][0] for r in routers}) if rpm else {}
         by_tokens = split(tpm, {r: asked[r][1] for r in routers}) if tpm else {}
-        by_flight = split_whole(in_flight, {r: asked[r][0] for r in routers}) if in_flight else {}
+        by_flight = self._split_in_flight(tenant, in_flight, routers, old) if in_flight else {}
         fresh = {r: [by_requests.get(r), by_tokens.get(r), by_flight.get(r)] for r in routers}
-        old = self.published.get(tenant, {})
-        if old.keys() == fresh.keys() and all(
+        if same_routers and all(
             _close(old[r][0], fresh[r][0], rpm)
             and _close(old[r][1], fresh[r][1], tpm)
             and old[r][2] == fresh[r][2]
@@ -276,7 +332,24 @@ class TenantLedger:
             return old
         rounded = {r: [_round(v) for v in values] for r, values in fresh.items()}
         self.published[tenant] = rounded
+        self.published_at[tenant] = self.clock
         return rounded
+
+    def _split_in_flight(self, tenant: str, limit: int, routers: list[str], old: dict) -> dict:
+        """split_fair by what each router wanted since the last publication (else as last
+        used): one that wanted more than it was given (it refused a request) wants more."""
+        since = self.wanted.pop(tenant, {})
+        used = self.wanted_used.setdefault(tenant, {})
+        wanted: dict[str, float | None] = {}
+        for router in routers:
+            want = since.get(router, used.get(router))
+            given = old[router][2] if router in old and old[router][2] is not None else 1
+            if want is None:  # a router that does not say (older ones): as if it wants more
+                wanted[router] = None
+                continue
+            used[router] = want
+            wanted[router] = None if want > given else want
+        return split_fair(limit, wanted)
 
 
 def _close(old, new, limit) -> bool:
@@ -318,11 +391,13 @@ def parse_tenants(value) -> dict:
         if (
             not isinstance(tenant, str)
             or not isinstance(demand, list)
-            or len(demand) != 2
+            or len(demand) not in (2, 3)
             or not all(_number(v) for v in demand)
             or not isinstance(usage, dict)
         ):
-            raise ReportError("tenants", f"{tenant!r}: expected demand [requests, tokens]")
+            raise ReportError(
+                "tenants", f"{tenant!r}: expected demand [requests, tokens, in flight wanted]"
+            )
         for model, values in usage.items():
             if (
                 not isinstance(values, list)
@@ -332,7 +407,11 @@ def parse_tenants(value) -> dict:
                 raise ReportError(
                     "tenants", f"{tenant!r}, {model!r}: usage is {list(USAGE_FIELDS)}"
                 )
-        parsed[tenant] = {"demand": [float(v) for v in demand], "usage": usage}
+        parsed[tenant] = {
+            "demand": [float(demand[0]), float(demand[1])],
+            "wanted": float(demand[2]) if len(demand) == 3 else None,
+            "usage": usage,
+        }
     return parsed
 
 

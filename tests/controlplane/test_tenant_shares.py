@@ -76,3 +76,50 @@ def test_usage_adds_deltas_across_a_new_leader_and_a_long_silence(make_fleet, cl
     assert requests_counted(successor) == 1020, "a silence adds what grew meanwhile, no more"
     usage_report(successor, "edge", "i2", 3)  # restarted: its counters start again
     assert requests_counted(successor) == 1023
+
+
+def test_max_in_flight_is_split_max_min_fair_by_the_concurrency_each_router_wanted():
+    from controlplane.rules.tenantshares import split_fair
+
+    assert split_fair(32, {"a": 2, "b": None, "c": None}) == {"a": 2, "b": 15, "c": 15}
+    assert split_fair(32, {"a": 3, "b": 5, "c": 4}) == {"a": 10, "b": 12, "c": 10}, "spare spread"
+    assert sum(split_fair(32, {f"r{i}": None for i in range(16)}).values()) == 32
+    assert split_fair(4, {f"r{i}": None for i in range(16)}) == {f"r{i}": 1 for i in range(16)}
+
+
+def wanting(ledger, router, now, asked, wanted):
+    body = {"router": router, "incarnation": "i1"}
+    ledger.report(body, {"acme": {"demand": [asked, 0.0], "wanted": wanted, "usage": {}}}, now)
+
+
+def test_a_router_whose_clients_retry_refusals_at_once_does_not_take_the_others_slots():
+    """r0's clients retry every refusal at once (a hundred times the requests); r1's hold 16
+    streams. Both wanted more than they had: they end with half each, not r0 the most."""
+    ledger = TenantLedger()
+    for step in range(6):
+        now = step * 3.0
+        wanting(ledger, "r0", now, 1 + step * 3000.0, 17)
+        wanting(ledger, "r1", now, 1 + step * 30.0, 17)
+        shares = ledger.shares("acme", None, None, 32)
+    assert {r: s[2] for r, s in shares.items()} == {"r0": 16, "r1": 16}
+
+
+def test_shares_are_not_moved_by_reports_that_come_close_together():
+    """Each new table makes every router report at once: a rate over a gap of milliseconds
+    is noise, and a table a report would follow from it (16 routers: 80 tables a second)."""
+    ledger = TenantLedger()
+    wanting(ledger, "r0", 0.0, 1.0, 1)
+    wanting(ledger, "r1", 0.0, 1.0, 1)
+    first = ledger.shares("acme", 600, None, None)
+    published = [first]
+    asked = [1.0, 1.0]
+    for step in range(1, 40):  # every 50 ms; r1 asks 300 a minute, r0 as much on average, in
+        now = step * 0.05  # steps: one request in a gap, none in the next ("rates" 1,200 or 0)
+        asked[0] += step % 2
+        asked[1] += 0.25
+        wanting(ledger, "r0", now, asked[0], 1)
+        wanting(ledger, "r1", now, asked[1], 1)
+        shares = ledger.shares("acme", 600, None, None)
+        if shares is not published[-1]:
+            published.append(shares)
+    assert len(published) <= 1 + 2, f"{len(published)} tables in 2 s"
