@@ -47,11 +47,12 @@ from tests.harness import Processes, call, control_plane, wait_until
 ROUTERS = 3
 D_IN_FLIGHT, D_STREAMS = 32, 48
 ROUTER_FLAGS = ("--max-in-flight", "2")
-CHAT_REPLICAS, BUSY_REPLICAS, SLOW_REPLICAS = 4, 1, 2
+CHAT_REPLICAS, BUSY_REPLICAS, SLOW_REPLICAS = 4, 1, 8
 CHAT_ENGINE = {"max_num_seqs": 8, "ttft": 0.02, "tokens_per_s": 400, "output_tokens": 8}
 BUSY_ENGINE = {"max_num_seqs": 6, "ttft": 0.05, "tokens_per_s": 200, "output_tokens": 8}
-# Streams long enough (2 s) that D's requests overlap: room for all 48 at once.
-SLOW_ENGINE = {"max_num_seqs": 64, "ttft": 0.05, "tokens_per_s": 20, "output_tokens": 40}
+# Streams long enough (2 s) that D's requests overlap; replicas enough that the routers'
+# own slots (--max-in-flight 2 a replica) leave room for more than D's 32 at three routers.
+SLOW_ENGINE = {"max_num_seqs": 8, "ttft": 0.05, "tokens_per_s": 20, "output_tokens": 40}
 C_LIMIT = 600  # requests per minute
 C_RATE = 100.0  # requests per second: ten times its limit
 C_FIRST = 0.8  # of C's requests, through the first router; the rest spread over the others
@@ -91,7 +92,7 @@ def start(procs: Processes, folder, routers: int = ROUTERS, workers: int = 1) ->
         "fabric": "ib-a",
         "gpus": [
             {"index": i, "uuid": f"GPU-n1-{i}", "gpu_class": "H100-80GB", "memory_mb": 81559}
-            for i in range(8)
+            for i in range(16)
         ],
     }
     call("POST", server + "/v1/nodes", node)
@@ -215,14 +216,17 @@ async def route_version(http, server: str) -> int:
 
 
 async def running_on(http, engines: list[str]) -> int:
-    """Sequences the engines run now, by their own metrics."""
-    total = 0
-    for url in engines:
+    """Sequences the engines run now, by their own metrics, read at once (not one instant:
+    a stream that ends on one engine as the next starts on another may count twice)."""
+
+    async def running(url: str) -> int:
         async with http.get(url + "/metrics") as resp:
             for line in (await resp.text()).splitlines():
                 if line.startswith("vllm:num_requests_running"):
-                    total += int(float(line.rsplit(" ", 1)[1]))
-    return total
+                    return int(float(line.rsplit(" ", 1)[1]))
+        return 0
+
+    return sum(await asyncio.gather(*(running(url) for url in engines)))
 
 
 async def most_in_flight(http, engines: list[str], until: float) -> int:

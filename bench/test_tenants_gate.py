@@ -1,9 +1,14 @@
-"""Tenants across three routers, gated on the goals as written (bench/tenants.py, one short run):
+"""Tenants across routers, gated on the goals as written (bench/tenants.py, one short run at
+three routers and one at sixteen: 4 routers of 4 workers, each worker a router of its own):
 
 - C, sending ten times its 600 requests/min, is admitted within 5% of its limit, summed over the
-  three routers;
+  routers;
+- D, with only max_in_flight 32, holds its streams across the routers: never more than 32 at
+  once, and most of them (at least 24 of its 48 asking);
+- shares do not churn: at most one route version a second during C's flood;
 - with `busy` saturated, A (weight 1) and B (weight 3) complete within 10% of 1:3;
-- A's and B's p99 time to first token with C's flood is at most 1.2x their p99 without it;
+- A's and B's p99 time to first token with C's flood is at most 1.2x their p99 without it
+  (three routers);
 - nothing is lost (every answer a 200 or a 429);
 - a tenant's key and limits cost the router at most 5% of its rate per core.
 """
@@ -33,9 +38,55 @@ def result(tmp_path_factory):
     return found
 
 
-def test_a_tenants_limit_holds_across_the_routers(result):
-    limit = result["c_limit_per_min"]
-    assert abs(result["c_admitted_per_min"] - limit) <= 0.05 * limit, result
+@pytest.fixture(scope="module")
+def at_sixteen(tmp_path_factory):
+    found = measure(tmp_path_factory.mktemp("tenants16"), seconds=10.0, warmup=10.0,
+                    routers=4, workers=4)  # fmt: skip
+    record(
+        f"tenants (16 routers: 4 x 4 workers): C admitted {found['c_admitted_per_min']:.0f}/min"
+        f" of {found['c_limit_per_min']}; D at most {found['d_most_in_flight']} in flight of"
+        f" {found['d_max_in_flight']}; {found['route_versions_per_s']} route versions/s;"
+        f" B:A {found['b_over_a']:.2f} (goal 3); p99 TTFT {found['ttft_p99_alone_ms']:.1f} ms"
+        f" alone, {found['ttft_p99_with_c_ms']:.1f} ms with C"
+    )
+    return found
+
+
+@pytest.fixture(params=["three", "sixteen"])
+def scale(request):
+    return request.getfixturevalue({"three": "result", "sixteen": "at_sixteen"}[request.param])
+
+
+def test_a_tenants_limit_holds_across_the_routers(scale):
+    limit = scale["c_limit_per_min"]
+    assert abs(scale["c_admitted_per_min"] - limit) <= 0.05 * limit, scale
+
+
+def test_a_max_in_flight_only_tenant_holds_its_streams_and_no_more(scale):
+    """The shares the routers hold add up to the limit; the engines never ran more than that
+    at once but for the sampling's own skew (8 engines are read together, not at one instant:
+    a stream that ends on one as the next begins on another can count twice)."""
+    limit = scale["d_max_in_flight"]
+    assert sum(scale["d_in_flight_shares"].values()) <= limit, scale
+    assert 0.75 * limit <= scale["d_most_in_flight"] <= limit + 1, scale
+
+
+def test_shares_do_not_churn(scale):
+    assert scale["route_versions_per_s"] <= 1.0, scale
+
+
+def test_nothing_is_lost_at_sixteen(at_sixteen):
+    assert at_sixteen["lost"] == 0, at_sixteen
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not reached: B:A 1.2-1.3 at 16 routers (goal 3). Weights order a router's own"
+    " queue; 16 routers of 2 slots a replica hold 32 of `busy`'s requests, its engine runs 6,"
+    " so the queue that forms is the engine's, first come first served",
+)
+def test_weights_share_a_saturated_model_at_sixteen(at_sixteen):
+    assert abs(at_sixteen["b_over_a"] / 3.0 - 1.0) <= 0.10, at_sixteen
 
 
 def test_weights_share_a_saturated_model(result):

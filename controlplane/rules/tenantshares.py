@@ -102,6 +102,34 @@ def split_fair(limit: int, wanted: dict[str, float | None]) -> dict[str, int]:
     return given
 
 
+def grown_into_free_slots(limit: int, fresh: dict, old: dict, wanted: dict) -> dict[str, int]:
+    """`fresh` shares of max_in_flight, with each increase held to the slots that are free
+    now: a router whose share falls still holds the requests it admitted under the old one
+    (as many as it wanted since, at most its old share) until they end, so growing the others
+    at once would let the fleet hold more than the limit for as long as a stream lasts. An
+    increase waits for the next publication where the slots are not free yet."""
+    if len(fresh) >= limit:
+        return fresh
+    before = {r: old[r][2] if r in old and old[r][2] is not None else 1 for r in fresh}
+    holds = {}
+    for router, share in fresh.items():
+        if share <= before[router]:
+            still = min(before[router], wanted.get(router, before[router]))
+            holds[router] = max(share, math.ceil(still))
+        else:
+            holds[router] = before[router]
+    free = limit - sum(holds.values())
+    given = {}
+    for router in sorted(fresh):
+        share = fresh[router]
+        if share > before[router]:
+            grown = min(share - before[router], max(free, 0))
+            free -= grown
+            share = before[router] + grown
+        given[router] = share
+    return given
+
+
 def split_whole(limit: int, demands: dict[str, float]) -> dict[str, int]:
     """`limit` whole requests in flight among routers: each at least one, the rest in
     proportion to demand (largest remainders first, ties by name)."""
@@ -349,7 +377,7 @@ class TenantLedger:
                 continue
             used[router] = want
             wanted[router] = None if want > given else want
-        return split_fair(limit, wanted)
+        return grown_into_free_slots(limit, split_fair(limit, wanted), old, used)
 
 
 def _close(old, new, limit) -> bool:

@@ -123,3 +123,15 @@ def test_shares_are_not_moved_by_reports_that_come_close_together():
         if shares is not published[-1]:
             published.append(shares)
     assert len(published) <= 1 + 2, f"{len(published)} tables in 2 s"
+
+
+def test_a_share_grows_only_into_slots_the_others_no_longer_hold():
+    """r0 held 24 of 32 and its clients left; r1 asks for more. r1 grows into what r0 no
+    longer holds (it said it wanted 10 at most since), not at once to what r0 will give up."""
+    from controlplane.rules.tenantshares import grown_into_free_slots
+
+    old = {"r0": [None, None, 24], "r1": [None, None, 8]}
+    fresh = {"r0": 10, "r1": 22}
+    assert grown_into_free_slots(32, fresh, old, {"r0": 24, "r1": 9}) == {"r0": 10, "r1": 8}
+    assert grown_into_free_slots(32, fresh, old, {"r0": 12, "r1": 9}) == {"r0": 10, "r1": 20}
+    assert grown_into_free_slots(32, fresh, old, {"r0": 10, "r1": 9}) == fresh
