@@ -47,6 +47,31 @@ def fabric_lines(s: dict) -> list[str]:
     return out + [""]
 
 
+def gpu_hours(ctx: Context) -> dict | None:
+    """The last day's GPU-hours, charged and unallocated (None from a server without them)."""
+    try:
+        usage = ctx.get("/v1/usage?since=24h")
+    except click.ClickException:
+        return None
+    if "fleet_gpu_seconds" not in usage:
+        return None
+    return {
+        "fleet": usage["fleet_gpu_seconds"] / 3600,
+        "unallocated": usage["unallocated_gpu_seconds"] / 3600,
+    }
+
+
+def gpu_hours_line(s: dict, colour: bool) -> list[str]:
+    hours = s.get("gpu_hours")
+    if not hours or not hours["fleet"]:
+        return []
+    line = f"GPU-hours (24h): {hours['fleet']:.1f} on awake engines"
+    if hours["unallocated"] >= 0.05:
+        line += ", " + paint(f"{hours['unallocated']:.1f} unallocated", "yellow", colour)
+        line += " (idle, no owner: gpuctl usage)"
+    return [line, ""]
+
+
 def render_status(s: dict, colour: bool, width: int = 80) -> str:
     out = []
     nodes = s["nodes"]
@@ -90,6 +115,7 @@ def render_status(s: dict, colour: bool, width: int = 80) -> str:
     else:
         out.append("No GPUs registered yet.")
     out.append("")
+    out += gpu_hours_line(s, colour)
     out += fabric_lines(s)
 
     def counts(section):
@@ -264,6 +290,8 @@ def status(ctx: Context, output: str, as_json: bool, idle_after, watch: bool, in
 
     def show():
         answer = ctx.get("/v1/summary" + query)
+        if output in ("table", "wide") and not as_json:
+            answer["gpu_hours"] = gpu_hours(ctx)
 
         def human(wide: bool) -> str:
             # -o wide: reasons whole, however long

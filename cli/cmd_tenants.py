@@ -93,9 +93,9 @@ def revoke_key(ctx: Context, key_id: str, output: str):
 
 
 def usage_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
-    headers = ["TENANT", "MODEL", "REQUESTS", "ERRORS", "429", "PROMPT", "COMPLETION"]
+    headers = ["TENANT", "MODEL", "REQUESTS", "ERRORS", "429", "PROMPT", "COMPLETION", "GPU-H"]
     if wide:
-        headers.append("QUEUE WAIT")
+        headers += ["ASLEEP GIB-H", "QUEUE WAIT"]
     rows = []
     for u in items:
         row = [
@@ -106,11 +106,12 @@ def usage_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
             f"{u['rate_limited']:,}",
             f"{u['prompt_tokens']:,}",
             f"{u['completion_tokens']:,}",
+            f"{u.get('gpu_seconds', 0) / 3600:.2f}",
         ]
         if wide:
-            row.append(f"{u['queue_wait_s']:.1f}s")
+            row += [f"{u.get('asleep_gib_seconds', 0) / 3600:.2f}", f"{u['queue_wait_s']:.1f}s"]
         rows.append(row)
-    return table(headers, rows, no_headers, right={2, 3, 4, 5, 6, 7}, width=width)
+    return table(headers, rows, no_headers, right={2, 3, 4, 5, 6, 7, 8, 9}, width=width)
 
 
 @click.command("usage")
@@ -120,16 +121,24 @@ def usage_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
 @NO_HEADERS
 @pass_context
 def usage(ctx: Context, since: str, tenant: str | None, output: str, no_headers: bool):
-    """Requests, errors, 429s and tokens per tenant and model, as the routers reported them."""
+    """Requests, errors, 429s and tokens per tenant and model, as the routers reported them,
+    and the GPU-hours each was charged: a model's card time split by the tokens each tenant
+    was served in each minute; its idle minutes charged to its spec's `owner`, else to
+    (unallocated)."""
     query = f"/v1/usage?since={since}" + (f"&tenant={tenant}" if tenant else "")
     answer = ctx.get(query)
     items = answer["items"]
     if not items and output in ("table", "wide"):
         click.echo(f"No usage in the last {since}.", err=True)
         return
-    emit(
-        output,
-        answer,
-        lambda wide: usage_table(items, wide, no_headers, 0 if wide else terminal_width()),
-        [f"usage/{u['tenant']}/{u['model']}" for u in items],
-    )
+    def shown(wide: bool) -> str:
+        text = usage_table(items, wide, no_headers, 0 if wide else terminal_width())
+        if no_headers or "fleet_gpu_seconds" not in answer:
+            return text
+        return text + (
+            f"\nGPU-hours: fleet {answer['fleet_gpu_seconds'] / 3600:.2f}, charged"
+            f" {answer['allocated_gpu_seconds'] / 3600:.2f}, of which unallocated"
+            f" {answer['unallocated_gpu_seconds'] / 3600:.2f}"
+        )
+
+    emit(output, answer, shown, [f"usage/{u['tenant']}/{u['model']}" for u in items])

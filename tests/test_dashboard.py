@@ -23,7 +23,8 @@ def exported_names() -> set[str]:
     spec = ModelSpec(name="m", gpu_class="H100-80GB", command=["x"])
     snap = FleetSnapshot([node], [replica], [spec], {}, {}, now=1e6)
     adapters = [{"name": "a", "base": "m", "loaded": 1, "waiting": 0}]
-    stats = {"activity_reports": 0, "ticks": 0, "adapters": adapters}
+    stats = {"activity_reports": 0, "ticks": 0, "adapters": adapters,
+             "gpu_seconds_last_hour": {("t", "m"): [1.0, 0.0]}}  # fmt: skip
     text = exposition(summary(snap), model_rows(snap), stats)
     metrics = RouterMetrics()
     stats = metrics.model("m")

@@ -398,3 +398,43 @@ def test_tokens_are_admitted_on_the_requests_own_bound_and_the_default_reaches_t
         thread.join(30)
     assert burst.count(200) <= 2, f"{burst.count(200)} x 8000 admitted against 10000 a minute"
     assert set(burst) <= {200, 429}
+
+
+def test_gpu_time_is_charged_to_the_tenants_served_and_idle_time_to_the_owner(fleet):
+    from click.testing import CliRunner
+
+    from cli.main import gpuctl
+    from tests.controlplane.conftest import spec
+
+    status, answer = call("POST", fleet.url + "/v1/models", spec(name="chat", owner="Not A Name"))
+    assert (status, answer["error"]["param"]) == (400, "owner"), answer
+    assert call("GET", fleet.url + "/v1/models/chat")[0] == 404, "nothing stored"
+    call("POST", fleet.url + "/v1/models", spec(name="chat", owner="platform"))
+    wait_until(
+        lambda: call("POST", fleet.url + "/v1/nodes/n1/heartbeat", {})[1]["assignments"],
+        what="placement",
+    )
+    fleet.bring_up()
+    router, _ = fleet.router()
+    tenant(fleet, name="payer")
+    key, _ = new_key(fleet, "payer")
+    wait_until(served(router, key), what="the key to reach the router")
+    for _ in range(5):
+        assert chat(router, key)[0] == 200
+
+    def usage():
+        return call("GET", fleet.url + "/v1/usage?since=1h")[1]
+
+    wait_until(
+        lambda: any(r["tenant"] == "payer" and r["gpu_seconds"] > 0 for r in usage()["items"]),
+        what="GPU time charged to the tenant that was served",
+    )
+    body = usage()
+    charged = sum(row["gpu_seconds"] for row in body["items"])
+    assert body["fleet_gpu_seconds"] > 0
+    assert abs(charged - body["fleet_gpu_seconds"]) <= 0.01 * body["fleet_gpu_seconds"] + 0.2
+    assert {row["tenant"] for row in body["items"]} <= {"payer", "platform"}, body["items"]
+    shown = CliRunner().invoke(gpuctl, ["--server", fleet.url, "usage"])
+    assert shown.exit_code == 0 and "GPU-H" in shown.output and "GPU-hours: fleet" in shown.output
+    status_screen = CliRunner().invoke(gpuctl, ["--server", fleet.url, "status"])
+    assert "GPU-hours (24h):" in status_screen.output, status_screen.output

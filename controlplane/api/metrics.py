@@ -221,6 +221,17 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
         [({}, stats.get("views_built", 0))],
     )
     out += family(
+        "gpufleet_tenant_gpu_seconds",
+        "gauge",
+        "GPU-seconds charged over the last hour per tenant and model: card time split by the"
+        " tokens each tenant was served each minute; idle minutes to the model's owner, else"
+        " to (unallocated).",
+        (
+            ({"tenant": tenant, "model": model}, round(charged[0], 1))
+            for (tenant, model), charged in sorted(stats.get("gpu_seconds_last_hour", {}).items())
+        ),
+    )
+    out += family(
         "gpufleet_route_version",
         "gauge",
         "Version of the published routing table.",

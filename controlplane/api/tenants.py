@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from controlplane.api.plumbing import ApiError, applied, items, json_response, term, wake
+from controlplane.rules.cost import UNALLOCATED, allocate, tokens_by_minute, with_cost
 from controlplane.vocabulary.specs import SpecError, parse_duration
 
 USAGE_SINCE_MOST_S = 24 * 3600.0  # what the ledger keeps
@@ -51,10 +52,17 @@ async def get_usage(request: web.Request) -> web.Response:
     if since > USAGE_SINCE_MOST_S:
         raise ApiError(400, "since: at most 24h is kept", "invalid_request", "since")
     fleet = term(request).fleet
-    rows = fleet.ledger.usage(since, fleet.wall())
+    now = fleet.wall()
+    charged = allocate(fleet.meter, tokens_by_minute(fleet.ledger.minutes), since, now)
+    rows = with_cost(fleet.ledger.usage(since, now), charged)
     tenant = request.query.get("tenant")
     if tenant:
         rows = [r for r in rows if r["tenant"] == tenant]
     body = items("UsageList", rows)
     body["since_s"] = since
+    body["fleet_gpu_seconds"] = round(fleet.meter.fleet_gpu_seconds(since, now), 1)
+    body["allocated_gpu_seconds"] = round(sum(c[0] for c in charged.values()), 1)
+    body["unallocated_gpu_seconds"] = round(
+        sum(c[0] for (t, _), c in charged.items() if t == UNALLOCATED), 1
+    )
     return json_response(body)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from controlplane.rules.adapters import Adapter, slot_id
 from controlplane.rules.autoscale import Window
+from controlplane.rules.cost import GpuMeter
 from controlplane.rules.sleep import Memory, memory_of
 from controlplane.rules.tenantshares import TenantLedger
 from controlplane.rules.view import FleetView, TickSettings, desired, held_gpus, reserved_gpus
@@ -121,6 +122,8 @@ class Fleet(Intents, TenantIntents, AgentReports):
         self.tenant_keys: dict[str, TenantKey] = kept["tenant_key"]
         self.ledger = TenantLedger()
         self.ledger.load(self.records.stored)
+        self.meter = GpuMeter()
+        self.meter.load(self.records.stored)
         # "auth": "tenants" once any tenant was applied, kept when the last one goes, so that
         # deleting it never opens the routers; `auth_flag` (gpuctl server --auth) overrides.
         self.settings: dict[str, str] = kept["setting"]
@@ -309,7 +312,7 @@ class Fleet(Intents, TenantIntents, AgentReports):
         routers, removed, gaps = self.idle.take_dirty_routers()
         if routers or removed or gaps:
             self.store.put_routers([r.to_dict() for r in routers], removed, gaps)
-        usage = self.ledger.take_dirty_rows()
+        usage = {**self.ledger.take_dirty_rows(), **self.meter.take_dirty_rows()}
         if usage:
             with self.store.batch():
                 for key, body in usage.items():

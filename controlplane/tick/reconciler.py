@@ -91,6 +91,7 @@ class Reconciler:
                 for unit in list(step.units(self.view())):
                     view = self.view()
                     self.executor.apply(view, step.decide(view, unit))
+            fleet.meter.measure(fleet.replicas.values(), fleet.specs, fleet.nodes, now)
             fleet.flush_activity()
             fleet.note_keys_used()
             fleet.flush_records()

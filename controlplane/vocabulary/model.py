@@ -200,6 +200,7 @@ class ModelSpec:
     sleep_gpu_memory_mb: int | None = None
     sleep_host_memory_mb: int | None = None
     max_adapters: int = 0  # LoRA adapters a replica holds at once (vLLM's --max-loras)
+    owner: str | None = None  # the tenant its idle GPU time is charged to; None: unallocated
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -67,6 +67,7 @@ SPEC_FIELDS = {
     "sleep_host_memory",
     "sleep_host_memory_mb",
     "max_adapters",
+    "owner",
 }
 SLEEP_FIELDS = {"level", "after", "wake_timeout"}
 ENDPOINT_NAMES = ("sleep", "wake", "asleep")
@@ -363,5 +364,16 @@ def validate_spec(body) -> ModelSpec:
         target_waiting=None if target_waiting is None else float(target_waiting),
         scale_down_delay_s=parse_duration(delay, "scale_down_delay"),
         max_adapters=_positive_int(body, "max_adapters", 0, allow_zero=True),
+        owner=parse_owner(body),
         **_sleep_settings(body),
     )
+
+
+def parse_owner(body: dict) -> str | None:
+    """The tenant its idle GPU time is charged to (a tenant's name; it need not exist yet)."""
+    owner = body.get("owner")
+    if owner is None:
+        return None
+    if not isinstance(owner, str) or not NAME.match(owner):
+        raise SpecError("owner", f"a tenant's name (lowercase, digits, . _ -), got {owner!r}")
+    return owner
