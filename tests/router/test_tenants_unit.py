@@ -127,6 +127,24 @@ def test_the_book_finds_a_key_by_its_digest_and_refuses_the_rest():
     assert book.enabled()
 
 
+def test_ten_thousand_bad_keys_leave_nothing_behind_and_good_ones_are_remembered_up_to_a_bound():
+    """Only headers that name a key are remembered (MAX_KNOWN of them, each at most
+    MAX_AUTHORIZATION bytes: at most about 100 MiB, reached only by that many real keys)."""
+    import hashlib
+
+    from router.tenants import MAX_AUTHORIZATION, MAX_KNOWN
+
+    book = TenantBook()
+    keys = {hashlib.sha256(b"k%d" % i).hexdigest(): ["a", f"key-{i}"] for i in range(3)}
+    book.update({"tenants": {"a": {}}, "keys": keys}, "r1", 0.0)
+    for i in range(10_000):
+        assert book.find(b"Bearer bad-%d" % i) is None
+    assert book.known == {} and book.keys_used == set()
+    assert all(book.find(b"Bearer k%d" % i).name == "a" for i in range(3))
+    assert len(book.known) == 3
+    assert MAX_KNOWN * MAX_AUTHORIZATION <= 110 * 2**20
+
+
 def test_weights_release_one_to_three_and_priority_goes_first():
     queue = FairQueue(bound=1000)
     for i in range(400):
