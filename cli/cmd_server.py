@@ -101,6 +101,12 @@ from controlplane.vocabulary.specs import parse_duration
 )
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM certificate.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
+@click.option(
+    "--otlp-endpoint",
+    default=None,
+    help="Send OpenTelemetry traces here (OTLP over HTTP): a span per tick step that decided"
+    " something and per API change (needs gpufleet[otel]).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def server(
     listen,
@@ -120,6 +126,7 @@ def server(
     auth,
     tls_cert,
     tls_key,
+    otlp_endpoint,
     log_level,
 ):
     """Run the control plane: fleet state, placement, health, idle tracking, routes."""
@@ -144,6 +151,13 @@ def server(
         raise click.UsageError("--lease-renew must be shorter than --lease-ttl")
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
+    if otlp_endpoint:
+        try:
+            import opentelemetry.exporter.otlp.proto.http  # noqa: F401  (only to say what is missing)
+        except ImportError:
+            raise click.UsageError(
+                "--otlp-endpoint needs OpenTelemetry: pip install 'gpufleet[otel]'"
+            ) from None
     tls = None
     if tls_cert:
         import ssl
@@ -171,6 +185,7 @@ def server(
         advertise=advertise,
         lease_ttl_s=lease_ttl,
         lease_renew_s=lease_renew,
+        otlp_endpoint=otlp_endpoint,
     )
     try:
         uvloop.run(serve(settings))

@@ -99,6 +99,12 @@ if TYPE_CHECKING:
     show_default=True,
     help="Whose metric names /metrics uses for the engine's queue and KV-cache use.",
 )
+@click.option(
+    "--otlp-traces-endpoint",
+    default=None,
+    help="As vLLM's: a span per request, continuing the traceparent it was sent (OTLP over"
+    " HTTP; needs gpufleet[otel]).",
+)
 def sim_engine(
     host,
     port,
@@ -123,6 +129,7 @@ def sim_engine(
     max_num_seqs,
     kv_blocks,
     kind,
+    otlp_traces_endpoint,
 ):
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
@@ -161,6 +168,7 @@ def settings_from(params: dict) -> EngineSettings:
         max_num_seqs=params["max_num_seqs"],
         kv_blocks=params["kv_blocks"],
         kind=params["kind"],
+        otlp_traces_endpoint=params.get("otlp_traces_endpoint"),
     )
 
 

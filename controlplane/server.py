@@ -54,6 +54,8 @@ class Settings:
     lease_ttl_s: float = 5.0
     lease_renew_s: float = 1.0
     auth: str | None = None  # "tenants" or "none"; None: "tenants" once a tenant was applied
+    otlp_endpoint: str | None = None  # traces of tick steps and API changes; None: off
+    tracing: object = None  # made from otlp_endpoint by serve()
 
     @property
     def url(self) -> str:
@@ -84,6 +86,7 @@ def begin_term(store, settings: Settings, epoch: int = 0, clock_offset_s: float 
         room_timeout_s=settings.room_timeout_s,
         autoscale_every_s=settings.tick_s,
     )
+    reconciler.tracing = settings.tracing
     try:
         reconciler.tick()
     except Exception:  # the tick loop tries again, and ends the term if it fails again
@@ -99,14 +102,22 @@ def end_term(term: Term) -> None:
 async def serve(settings: Settings) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
     stop = asyncio.Event()
-    if on_postgresql(settings.state):
-        await serve_elected(settings, stop)
-    else:
-        await serve_sole(settings, stop)
+    if settings.otlp_endpoint:
+        from controlplane.tick.tracing import ControlPlaneTracing
+
+        settings.tracing = ControlPlaneTracing(settings.otlp_endpoint)
+    try:
+        if on_postgresql(settings.state):
+            await serve_elected(settings, stop)
+        else:
+            await serve_sole(settings, stop)
+    finally:
+        if settings.tracing is not None:
+            await asyncio.to_thread(settings.tracing.close)
 
 
 async def listen(settings: Settings, leadership, stop: asyncio.Event) -> web.AppRunner:
-    app = build_app(leadership, settings.tokens, settings.metrics_token)
+    app = build_app(leadership, settings.tokens, settings.metrics_token, settings.tracing)
     runner = web.AppRunner(
         app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=3
     )

@@ -89,6 +89,7 @@ class ProxyContext:
         self.affinity_by_model: dict[str, str] = {}  # per-model overrides of config.affinity
         # () -> more Prometheus lines of this process (the engine-load reader's)
         self.extra_metrics: Callable[[], list[str]] | None = None
+        self.tracing = None  # router/tracing.py's Tracing with --otlp-endpoint; else None
         # Tenants (router/tenants.py): --api-keys-file's keys are one, with no limits.
         self.tenants = TenantBook()
         if config.api_keys:

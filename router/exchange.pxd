@@ -58,6 +58,8 @@ cdef class Exchange(ResponseListener):
     cdef public bytes tail
     cdef public Py_ssize_t events
     cdef public double queued_at
+    cdef public bint cut
+    cdef public object trace
 
     cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key, TenantState tenant=*, double reserved=*) except *
     @cython.locals(allowed=long, to=long)
@@ -66,6 +68,9 @@ cdef class Exchange(ResponseListener):
     @cython.locals(table=_fastpath.EndpointTable, slot=long, now=double)
     cdef void _pick(self) except *
     cdef void _no_replica(self, long result) except *
+    cdef void _trace_picked(self, _fastpath.EndpointTable table, long slot) except *
+    @cython.locals(prompt=cython.longlong, completion=cython.longlong)
+    cdef void _trace_end(self, int status) except *
     cdef void _connect(self) except *
     cdef void _send(self, UpstreamConnection conn, bint reused, double now) except *
     cpdef bytes request_bytes(self, UpstreamPool pool)

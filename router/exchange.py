@@ -121,6 +121,10 @@ class Exchange(ResponseListener):
         self.tail = b""
         self.events = 0
         self.queued_at = 0.0  # when it began to wait for a slot of a saturated model
+        self.cut = False  # its answer broke off after it began
+        # Its span (router/tracing.py) when traces are on and it was sampled; else None.
+        tracing = self.ctx.tracing
+        self.trace = None if tracing is None else tracing.begin(request, model, request_id)
 
     def _move(self, stage: Stage) -> None:
         allowed, to = _ALLOWED[self.stage], stage  # compiled: C integers
@@ -156,6 +160,8 @@ class Exchange(ResponseListener):
         if self.tried:
             self.ctx.metrics.retries += 1
         self.slot = slot
+        if self.trace is not None:
+            self._trace_picked(table, slot)
         # The first pick is microseconds after the start: its time will do.
         now = monotonic() if self.tried else self.started
         self.tried = self.tried + (slot,) if self.tried else (slot,)
@@ -180,6 +186,8 @@ class Exchange(ResponseListener):
             self._finish(502, error=(why,))
             return
         self._move(WAITING)
+        if self.trace is not None:
+            self.trace.parked("saturated" if result == SATURATED else "no ready replica")
         if result == SATURATED and self.ctx.wait_for_slot(self):
             # Released by priority and weight as slots free (router/fairqueue.py).
             if not self.queued_at:
@@ -202,6 +210,10 @@ class Exchange(ResponseListener):
             error=(f"model `{self.model}` {why}; retry later",),
             extra=b"retry-after: 1\r\n",
         )
+
+    def _trace_picked(self, table, slot: int) -> None:
+        load, reported, _ = table.load_of(slot)
+        self.trace.picked(table.endpoint_id(slot) or "?", load, reported, len(self.tried) + 1)
 
     def resume(self) -> None:
         """A replica of its model has arrived: pick again."""
@@ -273,6 +285,8 @@ class Exchange(ResponseListener):
                     if line.partition(b":")[0] not in named
                 ]
             )
+        if self.trace is not None:
+            forward = self.trace.forward(forward)
         return request.upstream(
             pool.path_prefix, pool.host_header, forward, self.client.peer, self.request_id
         )
@@ -294,6 +308,8 @@ class Exchange(ResponseListener):
         self.ctx.metrics.upstream_error(self.label, kind)
         self._release(failed=True)
         if len(self.tried) < self.ctx.max_tries:
+            if self.trace is not None:
+                self.trace.retried(kind)
             self._pick()
             return
         self._finish(502, error=(f"no replica of `{self.model}` answered ({kind})",))
@@ -320,6 +336,7 @@ class Exchange(ResponseListener):
         else:
             # A body cannot carry an error now: the client learns from the cut connection.
             self.client.keep_alive = False
+        self.cut = True
         self._finish(self.status, failed=True)
 
     def _finish(self, status: int, failed: bool = False, error: tuple = (), extra=b"") -> None:
@@ -349,6 +366,8 @@ class Exchange(ResponseListener):
             self._settle(status)
             if error and tenant.limited:
                 extra += tenant.limit_headers()
+        if self.trace is not None:
+            self._trace_end(status)
         if slot >= 0 and self.ctx.slot_waiters:
             self.ctx.slot_freed(self.routed_model)
         client = self.client
@@ -360,6 +379,15 @@ class Exchange(ResponseListener):
             client.respond(status, error_body(status, message, code), self.request_id, extra)
         else:
             client.request_done(now)
+
+    def _trace_end(self, status: int) -> None:
+        trace, self.trace = self.trace, None
+        prompt = completion = -1
+        if self.tail:
+            prompt = number_after(self.tail, PROMPT_TOKENS)
+            completion = number_after(self.tail, COMPLETION_TOKENS)
+        tenant = self.tenant.name if self.tenant is not None else None
+        trace.end(status, tenant, prompt, completion, self.cut)
 
     def _settle(self, status: int) -> None:
         """Count the answer for its tenant, and give its token bucket back the estimate less
@@ -451,8 +479,10 @@ class Exchange(ResponseListener):
                 # The first of the body, not the head: engines send the head before generating.
                 self.first_chunk_seen = True
                 self.stats.first_token.observe(monotonic() - self.started)
+                if self.trace is not None:
+                    self.trace.first_byte()
             self.deadline = RENEW_AT_SWEEP  # no clock read per chunk
-            if self.tenant is not None:
+            if self.tenant is not None or self.trace is not None:
                 self._keep_tail(data)
             self._write(data)
         except Exception as exc:

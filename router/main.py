@@ -179,6 +179,20 @@ def read_token(path: str | None) -> str | None:
     help="How long a held request waits for a replica or a slot, then 503 (engines load for"
     " minutes).",
 )
+@click.option(
+    "--otlp-endpoint",
+    default=None,
+    help="Send OpenTelemetry traces here (OTLP over HTTP, e.g. http://collector:4318/v1/traces;"
+    " needs gpufleet[otel]). The engine gets this span as its parent (W3C traceparent).",
+)
+@click.option(
+    "--trace-sample",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.01,
+    show_default=True,
+    help="Share of requests without a traceparent that are traced (one with follows its own"
+    " sampled flag).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def main(
     listen,
@@ -207,6 +221,8 @@ def main(
     kv_threshold,
     park_max,
     park_timeout,
+    otlp_endpoint,
+    trace_sample,
     log_level,
 ) -> None:
     """The gpufleet data plane: an OpenAI-compatible reverse proxy in front of model replicas."""
@@ -223,6 +239,14 @@ def main(
         raise click.UsageError(str(exc)) from None
     if not routes and not control_plane:
         raise click.UsageError("give --backend, --routes or --control-plane")
+    if otlp_endpoint:
+        try:
+            import opentelemetry.exporter.otlp.proto.http  # noqa: F401  (only to say what is missing)
+            import opentelemetry.sdk  # noqa: F401
+        except ImportError:
+            raise click.UsageError(
+                "--otlp-endpoint needs OpenTelemetry: pip install 'gpufleet[otel]'"
+            ) from None
     api_keys = ()
     if api_keys_file:
         with open(api_keys_file) as f:
@@ -252,6 +276,8 @@ def main(
         load_factor=affinity_load_factor,
         load_interval_s=load_interval,
         kv_threshold=kv_threshold,
+        otlp_endpoint=otlp_endpoint,
+        trace_sample=trace_sample,
         proxy=ProxyConfig(
             max_body_bytes=max_body_bytes,
             connect_timeout_s=connect_timeout,

@@ -68,6 +68,8 @@ class RouterSettings:
     metrics_folder: str | None = None  # with several workers: where they pool their counters
     worker: int = 0
     workers: int = 1  # processes sharing the port
+    otlp_endpoint: str | None = None  # traces (router/tracing.py); None: off
+    trace_sample: float = 0.01
     tenants_file: str | None = None  # tenants without a control plane (router/tenantsfile.py)
     catalog_every_s: float = 10.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
@@ -127,6 +129,10 @@ class RouterServer:
             catalog=ModelCatalog(),
         )
         ctx.affinity_by_model = dict(settings.static_affinity)
+        if settings.otlp_endpoint:
+            from router.tracing import Tracing
+
+            ctx.tracing = Tracing(settings.otlp_endpoint, settings.trace_sample)
         if settings.tenants_file:
             ctx.tenants_changed(
                 read_tenants_file(
@@ -215,6 +221,9 @@ class RouterServer:
                 conn.close()
             for pool in ctx.pools.values():
                 pool.close()
+            if ctx.tracing is not None:
+                # The last batch of spans goes out before the process ends.
+                await asyncio.to_thread(ctx.tracing.close)
             await session.close()
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)

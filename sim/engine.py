@@ -77,6 +77,7 @@ class EngineSettings:
     max_num_seqs: int = 256  # sequences running at once (vLLM's default); 0: no limit
     kv_blocks: int = 0  # KV-cache capacity in blocks of 16 tokens; 0: no limit
     kind: str = "vllm"  # whose metric names /metrics uses: vllm | sglang | llama.cpp
+    otlp_traces_endpoint: str | None = None  # as vLLM's flag: a span per request, continuing
 
     def serves(self, name) -> bool:
         return name in self.models or name in self.adapters
@@ -87,6 +88,11 @@ class SimEngine:
         self.settings = settings
         self.requests_total = 0
         self.cancelled_total = 0
+        self.tracer = None
+        if settings.otlp_traces_endpoint:
+            from sim.tracing import EngineTracer
+
+            self.tracer = EngineTracer(settings.otlp_traces_endpoint)
         self.started = time.time()
         self.responses: dict[str, dict] = {}  # stored on this replica only, as vLLM does
         self.cache = PrefixCache(settings.cache_tokens)
@@ -161,6 +167,12 @@ class SimEngine:
         n_tokens = (
             min(n_tokens, self.settings.output_tokens) if n_tokens else self.settings.output_tokens
         )
+        if self.tracer is not None:
+            with self.tracer.request(request.headers, body, n_tokens):
+                return await self._run(request, body, chat, n_tokens)
+        return await self._run(request, body, chat, n_tokens)
+
+    async def _run(self, request, body: dict, chat: bool, n_tokens: int) -> web.StreamResponse:
         text = prompt_text(body)
         # The blocks its prompt and output will hold; the cache is looked up once it runs, as
         # an engine schedules it then.

@@ -142,12 +142,13 @@ def control_plane(
     token_file: Path | None = None,
     *extra: str,
     port: int | None = None,
+    env: dict | None = None,
 ) -> tuple[str, subprocess.Popen]:
     port = port or free_port()
     argv = ["gpuctl", "server", "--listen", f"127.0.0.1:{port}", "--state", str(state), *extra]
     if token_file is not None:
         argv += ["--token-file", str(token_file)]
-    proc = procs.start(argv, port, name="server")
+    proc = procs.start(argv, port, env=env, name="server")
     return f"http://127.0.0.1:{port}", proc
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from aiohttp import web
 
 from controlplane.api.agents import delete_node, get_assignments, heartbeat, register_node
@@ -93,15 +95,44 @@ ROUTES = [
 ]
 
 
+# Changes that are traffic, not an operator's: a span each would be a span per heartbeat.
+NOT_CHANGES = {"/v1/nodes/{name}/heartbeat", "/v1/activity", "/v1/demand", "/v1/nodes"}
+
+
+def traced_changes(tracing):
+    """A span per API change (controlplane/tick/tracing.py), with its answer's status."""
+
+    @web.middleware
+    async def traced(request: web.Request, handler):
+        route = request.match_info.route.resource
+        path = route.canonical if route is not None else request.path
+        if request.method not in ("POST", "PUT", "DELETE") or path in NOT_CHANGES:
+            return await handler(request)
+        began = time.time_ns()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            tracing.change(request.method, path, status, began)
+
+    return traced
+
+
 def build_app(
-    leadership, tokens: dict[str, str], metrics_token: str | None = None
+    leadership, tokens: dict[str, str], metrics_token: str | None = None, tracing=None
 ) -> web.Application:
     """`leadership`: a Sole or an Elected (controlplane/tick/leadership.py), whose term the API
-    acts on."""
+    acts on; `tracing`: spans of API changes, or None."""
     tokens = dict(tokens)
-    app = web.Application(
-        middlewares=[errors, leader_only, authorization], client_max_size=16 * 1024 * 1024
-    )
+    middlewares = [errors, leader_only, authorization]
+    if tracing is not None:
+        middlewares.insert(0, traced_changes(tracing))
+    app = web.Application(middlewares=middlewares, client_max_size=16 * 1024 * 1024)
     app[LEADERSHIP_KEY] = leadership
     app[TOKENS_KEY] = tokens
     app[METRICS_TOKEN_KEY] = metrics_token or ""

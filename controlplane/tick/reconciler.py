@@ -9,6 +9,7 @@ injected clocks, so a test drives it tick by tick without sleeping.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from controlplane.rules.tenantshares import tenant_table
@@ -49,6 +50,7 @@ class Reconciler:
         self.autoscale_every_s = autoscale_every_s
         self.autoscaled_at = float("-inf")
         self.executor = Executor(fleet)
+        self.tracing = None  # controlplane/tick/tracing.py with --otlp-endpoint; else None
 
     @property
     def stops(self) -> dict[str, int]:
@@ -74,6 +76,18 @@ class Reconciler:
     def view(self) -> FleetView:
         return self.fleet.view(self.routes.version, self.settings)
 
+    def _run(self, step, unit) -> None:
+        """One step (for one unit, where it has units): decided on a fresh view, applied."""
+        tracing = self.tracing
+        began = 0 if tracing is None else time.time_ns()
+        view = self.view()
+        actions = step.decide(view) if unit is None else step.decide(view, unit)
+        if tracing is not None and not isinstance(actions, list):
+            actions = list(actions)
+        self.executor.apply(view, actions)
+        if tracing is not None:
+            tracing.step(step.name, actions, began)
+
     def tick(self) -> None:
         fleet = self.fleet
         now = fleet.wall()
@@ -85,12 +99,10 @@ class Reconciler:
                 if step.name in PACED and not autoscale_due:
                     continue
                 if step.units is None:
-                    view = self.view()
-                    self.executor.apply(view, step.decide(view))
+                    self._run(step, None)
                     continue
                 for unit in list(step.units(self.view())):
-                    view = self.view()
-                    self.executor.apply(view, step.decide(view, unit))
+                    self._run(step, unit)
             fleet.meter.measure(fleet.replicas.values(), fleet.specs, fleet.nodes, now)
             fleet.flush_activity()
             fleet.note_keys_used()

@@ -1,0 +1,79 @@
+"""An OTLP/HTTP trace receiver on a loopback port, as a collector would be: it keeps every
+span it is sent, decoded, for a test to read."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Receiver:
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.spans: list[dict] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                message = ExportTraceServiceRequest()
+                message.ParseFromString(body)
+                receiver.take(message)
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def take(self, message) -> None:
+        for resource_spans in message.resource_spans:
+            service = next(
+                (a.value.string_value for a in resource_spans.resource.attributes
+                 if a.key == "service.name"),
+                "",
+            )  # fmt: skip
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    with self.lock:
+                        self.spans.append(
+                            {
+                                "service": service,
+                                "name": span.name,
+                                "trace_id": span.trace_id.hex(),
+                                "span_id": span.span_id.hex(),
+                                "parent_id": span.parent_span_id.hex(),
+                                "attributes": {a.key: _value(a.value) for a in span.attributes},
+                                "events": [e.name for e in span.events],
+                                "event_attributes": {
+                                    e.name: {a.key: _value(a.value) for a in e.attributes}
+                                    for e in span.events
+                                },
+                            }
+                        )
+
+    def of(self, service: str) -> list[dict]:
+        with self.lock:
+            return [s for s in self.spans if s["service"] == service]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _value(value):
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
