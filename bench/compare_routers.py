@@ -26,6 +26,8 @@ round's ratio can move by a tenth with what else runs.
 cost: gpurouter with and without them run at once on the proxy's CPU and the load takes turns
 between them in K short slices, each router's CPU read around every slice, N rounds of fresh
 processes; `--gate` exits 1 unless the rate per core with the tenant is at least 0.95x.
+`--traces --paired` does the same for traces: gpurouter with `--otlp-endpoint` (a sink in
+this process) at `--trace-sample 0.01` against gpurouter without; `--gate`: at least 0.97x.
 """
 
 from __future__ import annotations
@@ -253,6 +255,10 @@ def contenders(backend_url: str, work: Path, args) -> dict:
             str(args.workers),
         ],
     }
+    if getattr(args, "traces", False):
+        found["gpurouter+traces"] = lambda port: [
+            *found["gpurouter"](port), "--otlp-endpoint", args.sink, "--trace-sample", "0.01"
+        ]  # fmt: skip
     if args.tenant:
         found["gpurouter+tenant"] = lambda port: [
             *found["gpurouter"](port), "--tenants-file", str(tenants_file(work))
@@ -384,6 +390,12 @@ def main() -> int:
         " --gate: exit 1 unless the rate per core with the tenant is at least"
         f" {TENANT_RATIO}x the rate without",
     )
+    parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="with --paired: gpurouter with traces at 1%% (--otlp-endpoint to a sink) against"
+        f" gpurouter without; --gate: at least {TRACE_RATIO}x",
+    )
     parser.add_argument("--slices", type=int, default=40, help="--paired: turns in all")
     parser.add_argument("--vllm-router")
     parser.add_argument("--sglang-router")
@@ -394,8 +406,11 @@ def main() -> int:
         " with --paired, as --paired says",
     )
     args = parser.parse_args()
-    if args.paired and (not args.tenant or args.mode != "json"):
-        parser.error("--paired compares gpurouter with and without --tenant, in json mode")
+    if args.paired and (args.tenant == args.traces or args.mode != "json"):
+        parser.error("--paired compares gpurouter with and without --tenant or --traces (one),"
+                     " in json mode")  # fmt: skip
+    if args.traces:
+        args.sink = start_sink()
     args.load = args.load or ("loadgen" if args.mode == "sse" else "wrk")
     import resource
 
@@ -450,6 +465,28 @@ def main() -> int:
 
 TAIL_RATIO = 1.2
 TENANT_RATIO = 0.95  # the rate per core with a tenant's limits on, over the rate without
+TRACE_RATIO = 0.97  # the rate per core with traces at 1%, over the rate without
+
+
+def start_sink() -> str:
+    """An OTLP/HTTP endpoint that takes every batch and keeps nothing: what the router's
+    exporter sends to is not what is measured."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
 
 
 def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str) -> int:
@@ -459,7 +496,7 @@ def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str)
     process's own luck (where its memory landed) and its place in the turns weigh on both
     alike over the rounds. The rate per core is all answers over all of the router's CPU."""
     argvs = contenders(backend_url, work, args)
-    names = ["gpurouter", "gpurouter+tenant"]
+    names = ["gpurouter", "gpurouter+traces" if args.traces else "gpurouter+tenant"]
     rounds = []
     for number in range(args.rounds):
         order = names if number % 2 == 0 else names[::-1]
@@ -488,7 +525,7 @@ def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str)
                 stop(proc)
         slices = json.loads(done.stdout)
         rounds.append([{**s, "name": order[s["proxy"]]} for s in slices])
-    return report_rounds(rounds, names, args.gate)
+    return report_rounds(rounds, names, args.gate, TRACE_RATIO if args.traces else TENANT_RATIO)
 
 
 def pooled(slices: list[dict], name: str) -> tuple[int, float, int]:
@@ -501,7 +538,7 @@ def pooled(slices: list[dict], name: str) -> tuple[int, float, int]:
     )
 
 
-def report_rounds(rounds: list[list[dict]], names: list[str], gate: bool) -> int:
+def report_rounds(rounds: list[list[dict]], names: list[str], gate: bool, least: float) -> int:
     every = [s for slices in rounds for s in slices]
     print(f"\n{len(rounds)} round(s) of {len(rounds[0])} slices taking turns;"
           " rate per core: answers per second of the router's CPU\n")  # fmt: skip
@@ -521,8 +558,8 @@ def report_rounds(rounds: list[list[dict]], names: list[str], gate: bool) -> int
     errors = sum(s["errors"] for s in every)
     if not gate:
         return 0
-    verdict = "ok" if ratio >= TENANT_RATIO and not errors else "FAILED"
-    print(f"gate: {ratio:.3f} (at least {TENANT_RATIO}), {errors} errors {verdict}")
+    verdict = "ok" if ratio >= least and not errors else "FAILED"
+    print(f"gate: {ratio:.3f} (at least {least}), {errors} errors {verdict}")
     return 0 if verdict == "ok" else 1
 
 
