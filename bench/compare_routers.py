@@ -525,7 +525,9 @@ def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str)
                 stop(proc)
         slices = json.loads(done.stdout)
         rounds.append([{**s, "name": order[s["proxy"]]} for s in slices])
-    return report_rounds(rounds, names, args.gate, TRACE_RATIO if args.traces else TENANT_RATIO)
+    if args.traces:
+        return report_rounds(rounds, names, args.gate, TRACE_RATIO, median=True)
+    return report_rounds(rounds, names, args.gate, TENANT_RATIO)
 
 
 def pooled(slices: list[dict], name: str) -> tuple[int, float, int]:
@@ -538,7 +540,9 @@ def pooled(slices: list[dict], name: str) -> tuple[int, float, int]:
     )
 
 
-def report_rounds(rounds: list[list[dict]], names: list[str], gate: bool, least: float) -> int:
+def report_rounds(
+    rounds: list[list[dict]], names: list[str], gate: bool, least: float, median: bool = False
+) -> int:
     every = [s for slices in rounds for s in slices]
     print(f"\n{len(rounds)} round(s) of {len(rounds[0])} slices taking turns;"
           " rate per core: answers per second of the router's CPU\n")  # fmt: skip
@@ -554,12 +558,22 @@ def report_rounds(rounds: list[list[dict]], names: list[str], gate: bool, least:
         by_round.append((b / b_cpu) / (a / a_cpu) if a and a_cpu and b_cpu else 0.0)
     ratio = rates[names[1]] / rates[names[0]] if rates[names[0]] else 0.0
     listed = " ".join(f"{r:.3f}" for r in by_round)
-    print(f"\n{names[1]} / {names[0]} per core: {ratio:.3f} (round by round: {listed})")
+    middle = (
+        sorted(by_round)[len(by_round) // 2]
+        if len(by_round) % 2
+        else sum(sorted(by_round)[len(by_round) // 2 - 1 : len(by_round) // 2 + 1]) / 2
+    )
+    print(f"\n{names[1]} / {names[0]} per core: {ratio:.3f} (round by round: {listed};"
+          f" median round {middle:.3f})")  # fmt: skip
     errors = sum(s["errors"] for s in every)
     if not gate:
         return 0
-    verdict = "ok" if ratio >= least and not errors else "FAILED"
-    print(f"gate: {ratio:.3f} (at least {least}), {errors} errors {verdict}")
+    # Traces cost a sampled request's span, which comes in bursts (the exporter's batches):
+    # a round's figure swings with how many landed in it, and with what else this shared
+    # machine ran; the median round is gated, not a pool that one slowed round moves.
+    judged = middle if median else ratio
+    verdict = "ok" if judged >= least and not errors else "FAILED"
+    print(f"gate: {judged:.3f} (at least {least}), {errors} errors {verdict}")
     return 0 if verdict == "ok" else 1
 
 

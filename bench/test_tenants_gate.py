@@ -116,7 +116,7 @@ def test_a_tenants_key_and_limits_cost_at_most_five_percent_per_core(benchmark):
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     out = done["run"].stdout
-    found = re.search(r"per core: ([\d.]+) \(round by round: ([\d. ]+)\)", out)
+    found = re.search(r"per core: ([\d.]+) \(round by round: ([\d. ]+);", out)
     assert found, out + done["run"].stderr
     benchmark.extra_info["tenant_over_plain_per_core"] = float(found.group(1))
     record(

@@ -30,6 +30,7 @@ cdef class ProxyContext:
     cdef public dict affinity_by_model
     cdef public object extra_metrics
     cdef public object tracing
+    cdef public long trace_countdown
     cdef public TenantBook tenants
     cdef public dict slot_waiting
     cdef public Py_ssize_t slot_waiters

@@ -90,6 +90,7 @@ class ProxyContext:
         # () -> more Prometheus lines of this process (the engine-load reader's)
         self.extra_metrics: Callable[[], list[str]] | None = None
         self.tracing = None  # router/tracing.py's Tracing with --otlp-endpoint; else None
+        self.trace_countdown = 0  # requests until the next one sampled (Exchange._sampled)
         # Tenants (router/tenants.py): --api-keys-file's keys are one, with no limits.
         self.tenants = TenantBook()
         if config.api_keys:

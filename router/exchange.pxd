@@ -68,6 +68,8 @@ cdef class Exchange(ResponseListener):
     @cython.locals(table=_fastpath.EndpointTable, slot=long, now=double)
     cdef void _pick(self) except *
     cdef void _no_replica(self, long result) except *
+    @cython.locals(ctx=ProxyContext, due=bint)
+    cdef object _sampled(self, _wire.Request request, bytes request_id)
     cdef void _trace_picked(self, _fastpath.EndpointTable table, long slot) except *
     @cython.locals(prompt=cython.longlong, completion=cython.longlong)
     cdef void _trace_end(self, int status) except *

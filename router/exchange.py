@@ -24,6 +24,7 @@ from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
 from router.tenants import BYTES_PER_TOKEN, COMPLETION_TOKENS, PROMPT_TOKENS
+from router.tracing import TRACEPARENT
 from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
 from router.wire import monotonic, number_after
 
@@ -123,8 +124,20 @@ class Exchange(ResponseListener):
         self.queued_at = 0.0  # when it began to wait for a slot of a saturated model
         self.cut = False  # its answer broke off after it began
         # Its span (router/tracing.py) when traces are on and it was sampled; else None.
-        tracing = self.ctx.tracing
-        self.trace = None if tracing is None else tracing.begin(request, model, request_id)
+        self.trace = None if self.ctx.tracing is None else self._sampled(request, request_id)
+
+    def _sampled(self, request, request_id: bytes):
+        """Its span if it is traced: it brings a traceparent (whose flag decides), or it is
+        the next of the sampled share. Decided here, compiled, so that the requests not traced
+        cost a countdown and a search of their header lines, not a call."""
+        ctx = self.ctx
+        ctx.trace_countdown -= 1
+        due = ctx.trace_countdown <= 0
+        if due:
+            ctx.trace_countdown = ctx.tracing.next_countdown()
+        elif TRACEPARENT not in request.forward:
+            return None
+        return ctx.tracing.begin(request, self.model, request_id, due)
 
     def _move(self, stage: Stage) -> None:
         allowed, to = _ALLOWED[self.stage], stage  # compiled: C integers

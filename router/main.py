@@ -8,6 +8,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from urllib.parse import urlsplit
 
 import click
 import yaml
@@ -182,8 +183,9 @@ def read_token(path: str | None) -> str | None:
 @click.option(
     "--otlp-endpoint",
     default=None,
-    help="Send OpenTelemetry traces here (OTLP over HTTP, e.g. http://collector:4318/v1/traces;"
-    " needs gpufleet[otel]). The engine gets this span as its parent (W3C traceparent).",
+    help="Send OpenTelemetry traces here (OTLP/JSON over HTTP, e.g."
+    " http://collector:4318/v1/traces). The engine gets this span as its parent (W3C"
+    " traceparent).",
 )
 @click.option(
     "--trace-sample",
@@ -239,14 +241,8 @@ def main(
         raise click.UsageError(str(exc)) from None
     if not routes and not control_plane:
         raise click.UsageError("give --backend, --routes or --control-plane")
-    if otlp_endpoint:
-        try:
-            import opentelemetry.exporter.otlp.proto.http  # noqa: F401  (only to say what is missing)
-            import opentelemetry.sdk  # noqa: F401
-        except ImportError:
-            raise click.UsageError(
-                "--otlp-endpoint needs OpenTelemetry: pip install 'gpufleet[otel]'"
-            ) from None
+    if otlp_endpoint and urlsplit(otlp_endpoint).scheme not in ("http", "https"):
+        raise click.UsageError(f"--otlp-endpoint: an http(s) URL, got {otlp_endpoint!r}")
     api_keys = ()
     if api_keys_file:
         with open(api_keys_file) as f:

@@ -334,7 +334,7 @@ def with_max_tokens(body: bytes, bound: int) -> bytes:
     head = body.rstrip()
     inside = head[:-1].rstrip()
     comma = b"" if inside.endswith(b"{") else b","
-    return b"%s%s\"max_tokens\":%d}" % (inside, comma, bound)
+    return b'%s%s"max_tokens":%d}' % (inside, comma, bound)
 
 
 def number_after(data: bytes, name: bytes) -> int:

@@ -1,5 +1,5 @@
 """An OTLP/HTTP trace receiver on a loopback port, as a collector would be: it keeps every
-span it is sent, decoded, for a test to read."""
+span it is sent (protobuf or JSON, as OTLP/HTTP allows), decoded, for a test to read."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class Receiver:
     def __init__(self) -> None:
+        from google.protobuf import json_format
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
         )
@@ -23,8 +24,11 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
-                message = ExportTraceServiceRequest()
-                message.ParseFromString(body)
+                if self.headers.get("content-type", "").startswith("application/json"):
+                    message = json_format.Parse(_ids_as_base64(body), ExportTraceServiceRequest())
+                else:
+                    message = ExportTraceServiceRequest()
+                    message.ParseFromString(body)
                 receiver.take(message)
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -77,3 +81,18 @@ class Receiver:
 def _value(value):
     kind = value.WhichOneof("value")
     return getattr(value, kind) if kind else None
+
+
+def _ids_as_base64(body: bytes) -> bytes:
+    """OTLP/JSON writes trace and span ids in hex, where protobuf's JSON has base64."""
+    import base64
+    import json
+
+    message = json.loads(body)
+    for resource in message.get("resourceSpans", []):
+        for scope in resource.get("scopeSpans", []):
+            for span in scope.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(key):
+                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+    return json.dumps(message).encode()
