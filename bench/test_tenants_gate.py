@@ -13,17 +13,11 @@ three routers and one at sixteen: 4 routers of 4 workers, each worker a router o
 - a tenant's key and limits cost the router at most 5% of its rate per core.
 """
 
-import re
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from bench.figures import record
+from bench.paired_gate import run_paired
 from bench.tenants import measure
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -105,22 +99,10 @@ def test_a_tenants_key_and_limits_cost_at_most_five_percent_per_core(benchmark):
     """bench/compare_routers.py --tenant --paired: gpurouter with a tenant's key and every
     limit on, against the same router without, both at once on one CPU with the load taking
     turns; four rounds of fresh processes, gated on the rate per core of all of them."""
-    done = {}
-
-    def run():
-        done["run"] = subprocess.run(
-            [sys.executable, "-m", "bench.compare_routers", "--tenant", "--paired",
-             "--rounds", "4", "--seconds", "5", "--slices", "20", "--gate"],
-            capture_output=True, text=True, cwd=ROOT, timeout=300,
-        )  # fmt: skip
-
-    benchmark.pedantic(run, rounds=1, iterations=1)
-    out = done["run"].stdout
-    found = re.search(r"per core: ([\d.]+) \(round by round: ([\d. ]+);", out)
-    assert found, out + done["run"].stderr
-    benchmark.extra_info["tenant_over_plain_per_core"] = float(found.group(1))
+    found = run_paired("--tenant", 4, benchmark)
+    benchmark.extra_info["tenant_over_plain_per_core"] = found.pooled
     record(
-        f"tenant's key and limits, rate per core: {found.group(1)}x the same router without"
-        f" (goal 0.95; rounds {found.group(2)})"
+        f"tenant's key and limits, rate per core: {found.pooled}x the same router without"
+        f" (goal 0.95; rounds {found.rounds})"
     )
-    assert done["run"].returncode == 0, out + done["run"].stderr
+    assert found.passed, found.output

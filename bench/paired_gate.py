@@ -1,0 +1,43 @@
+"""One run of `bench.compare_routers --paired` for a gate: gpurouter with a feature against the
+same router without, both on one CPU with the load taking turns, and what it printed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = re.compile(r"per core: ([\d.]+) \(round by round: ([\d. ]+); median round ([\d.]+)\)")
+
+
+@dataclass
+class Paired:
+    pooled: float  # the feature's rate per core over the plain router's, all rounds pooled
+    rounds: str  # round by round, as printed
+    median: float  # the median round
+    passed: bool  # what --gate said
+    output: str
+
+
+def run_paired(feature: str, rounds: int, benchmark) -> Paired:
+    """`feature`: --tenant or --traces. Run under pytest-benchmark's `benchmark`, once."""
+    done = {}
+
+    def run():
+        done["run"] = subprocess.run(
+            [sys.executable, "-m", "bench.compare_routers", feature, "--paired",
+             "--rounds", str(rounds), "--seconds", "5", "--slices", "20", "--gate"],
+            capture_output=True, text=True, cwd=ROOT, timeout=60 * rounds + 60,
+        )  # fmt: skip
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    output = done["run"].stdout + done["run"].stderr
+    found = FIGURES.search(done["run"].stdout)
+    assert found, output
+    return Paired(
+        float(found.group(1)), found.group(2), float(found.group(3)),
+        done["run"].returncode == 0, output,
+    )  # fmt: skip
