@@ -102,23 +102,28 @@ def split_fair(limit: int, wanted: dict[str, float | None]) -> dict[str, int]:
     return given
 
 
-def grown_into_free_slots(limit: int, fresh: dict, old: dict, wanted: dict) -> dict[str, int]:
-    """`fresh` shares of max_in_flight, with each increase held to the slots that are free
-    now: a router whose share falls still holds the requests it admitted under the old one
-    (as many as it wanted since, at most its old share) until they end, so growing the others
-    at once would let the fleet hold more than the limit for as long as a stream lasts. An
-    increase waits for the next publication where the slots are not free yet."""
+def grown_into_free_slots(limit: int, fresh: dict, old: dict, reported: dict) -> dict[str, int]:
+    """`fresh` shares of max_in_flight, with each increase held to the slots that are free:
+    growing one router at once into what another is giving up would let the fleet hold more
+    than the limit for as long as that one's streams last.
+
+    What a router may hold is the larger of its old share (it admits up to that until the new
+    table reaches it) and what it last reported holding. `reported`: the most it wanted at
+    once in its last report, one more than it held when that was more than its share (a
+    refusal), else what it held. An increase waits for a later publication where the slots
+    are not free yet."""
     if len(fresh) >= limit:
         return fresh
     before = {r: old[r][2] if r in old and old[r][2] is not None else 1 for r in fresh}
-    holds = {}
-    for router, share in fresh.items():
-        if share <= before[router]:
-            still = min(before[router], wanted.get(router, before[router]))
-            holds[router] = max(share, math.ceil(still))
-        else:
-            holds[router] = before[router]
-    free = limit - sum(holds.values())
+    committed = {}
+    for router in fresh:
+        want = reported.get(router)
+        held = before[router]
+        if want is not None:
+            want = math.ceil(want)
+            held = want - 1 if want > before[router] else want
+        committed[router] = max(before[router], held)
+    free = limit - sum(committed.values())
     given = {}
     for router in sorted(fresh):
         share = fresh[router]

@@ -96,12 +96,15 @@ def test_a_router_whose_clients_retry_refusals_at_once_does_not_take_the_others_
     """r0's clients retry every refusal at once (a hundred times the requests); r1's hold 16
     streams. Both wanted more than they had: they end with half each, not r0 the most."""
     ledger = TenantLedger()
-    for step in range(6):
+    given = {"r0": 1, "r1": 1}  # the fixed allowance, before the first table names them
+    for step in range(8):
         now = step * 3.0
-        wanting(ledger, "r0", now, 1 + step * 3000.0, 17)
-        wanting(ledger, "r1", now, 1 + step * 30.0, 17)
+        # Each is saturated at what it was given and refused more: it wanted one more.
+        wanting(ledger, "r0", now, 1 + step * 3000.0, given["r0"] + 1)
+        wanting(ledger, "r1", now, 1 + step * 30.0, given["r1"] + 1)
         shares = ledger.shares("acme", None, None, 32)
-    assert {r: s[2] for r, s in shares.items()} == {"r0": 16, "r1": 16}
+        given = {r: s[2] for r, s in shares.items()}
+    assert given == {"r0": 16, "r1": 16}
 
 
 def test_shares_are_not_moved_by_reports_that_come_close_together():
@@ -127,11 +130,39 @@ def test_shares_are_not_moved_by_reports_that_come_close_together():
 
 def test_a_share_grows_only_into_slots_the_others_no_longer_hold():
     """r0 held 24 of 32 and its clients left; r1 asks for more. r1 grows into what r0 no
-    longer holds (it said it wanted 10 at most since), not at once to what r0 will give up."""
+    longer holds (it said it wanted 10 at most since), not at once to what r0 will give up;
+    nor before r0 has said anything since its share was published."""
     from controlplane.rules.tenantshares import grown_into_free_slots
 
-    old = {"r0": [None, None, 24], "r1": [None, None, 8]}
+    # r0 was cut from 24 to 10 in the last table; r1, at 8, was refused (it wanted 9).
+    old = {"r0": [None, None, 10], "r1": [None, None, 8]}
     fresh = {"r0": 10, "r1": 22}
-    assert grown_into_free_slots(32, fresh, old, {"r0": 24, "r1": 9}) == {"r0": 10, "r1": 8}
-    assert grown_into_free_slots(32, fresh, old, {"r0": 12, "r1": 9}) == {"r0": 10, "r1": 20}
+    assert grown_into_free_slots(32, fresh, old, {"r0": 24, "r1": 9}) == {"r0": 10, "r1": 9}
+    assert grown_into_free_slots(32, fresh, old, {"r0": 14, "r1": 9}) == {"r0": 10, "r1": 19}
     assert grown_into_free_slots(32, fresh, old, {"r0": 10, "r1": 9}) == fresh
+    assert grown_into_free_slots(32, fresh, old, {"r0": 11, "r1": 9}) == fresh, "saturated at 10"
+    # A router cut this time may still admit up to its old share.
+    assert grown_into_free_slots(32, fresh, {"r0": [None, None, 24], "r1": [None, None, 8]},
+                                 {"r0": 3, "r1": 9}) == {"r0": 10, "r1": 8}  # fmt: skip
+
+
+def test_a_router_that_took_the_whole_limit_alone_is_not_assumed_drained_when_others_ask():
+    """r0 asked first and was given all 32; r1 and r2 ask next, before r0 reports again. Its
+    last report (2 wanted, from before its share) must not count as what it holds now."""
+    ledger = TenantLedger()
+    wanting(ledger, "r0", 0.0, 1.0, 2)
+    first = ledger.shares("acme", None, None, 32)
+    assert first["r0"][2] == 32
+    wanting(ledger, "r1", 0.5, 1.0, 2)
+    wanting(ledger, "r2", 0.5, 1.0, 2)
+    shares = ledger.shares("acme", None, None, 32)
+    assert sum(share[2] for share in shares.values()) <= 32 + 2, shares
+    assert shares["r1"][2] == shares["r2"][2] == 1, "no growth into r0's slots yet"
+    wanting(ledger, "r0", 3.0, 100.0, 17)  # r0 now holds 16 (wanted 17)
+    wanting(ledger, "r1", 3.0, 100.0, 2)
+    wanting(ledger, "r2", 3.0, 100.0, 2)
+    later = ledger.shares("acme", None, None, 32)
+    held = {"r0": 16, "r1": 1, "r2": 1}
+    grown = {r: later[r][2] for r in later}
+    assert sum(max(grown[r], held[r]) for r in grown) <= 32, later
+    assert grown["r1"] > 1, "r1 grows into what r0 is known not to hold"
