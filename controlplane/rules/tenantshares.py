@@ -26,7 +26,9 @@ once since its last report (in flight plus the one asking). A router that wanted
 its share keeps what it wanted; the rest is dealt evenly among the routers that wanted more
 (each asking router at least one). So its excess is at most the asking routers beyond the
 limit (16 askers of a tenant with max_in_flight 4 hold one each), and a router whose clients
-retry a refusal at once does not take the others' slots by asking more often.
+retry a refusal at once does not take the others' slots by asking more often. A share grows
+only into slots known free (`grown_into_free_slots`): a router cut in the last table may
+still hold what it admitted before it.
 
 Shares move slowly on purpose: every new table makes each router report at once, so a rate
 is taken over at least MIN_RATE_S, and a tenant's published shares hold SHARE_HOLD_S unless
