@@ -75,7 +75,7 @@ def test_nothing_is_lost_at_sixteen(at_sixteen):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not reached: B:A 1.2-1.3 at 16 routers (goal 3). Weights order a router's own"
+    reason="not reached: B:A 0.98-1.33 at 16 routers (goal 3). Weights order a router's own"
     " queue; 16 routers of 2 slots a replica hold 32 of `busy`'s requests, its engine runs 6,"
     " so the queue that forms is the engine's, first come first served",
 )
