@@ -57,6 +57,19 @@ from cli.up import AskedToStop, FleetUp
     show_default=True,
     help="The router's activity report period (s).",
 )
+@click.option(
+    "--otlp-endpoint",
+    default=None,
+    help="Send traces (OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces) from the control plane, "
+    "the router and the demo engines; needs gpufleet[otel].",
+)
+@click.option(
+    "--trace-sample",
+    type=click.FloatRange(0, 1),
+    default=0.01,
+    show_default=True,
+    help="Share of requests without a client's traceparent that the router traces.",
+)
 def up(
     workdir,
     state,
@@ -68,6 +81,8 @@ def up(
     no_demo,
     tls,
     tick_s,
+    otlp_endpoint,
+    trace_sample,
 ):
     """Run a whole fleet on this machine until Ctrl-C."""
     fleet = FleetUp(
@@ -81,6 +96,8 @@ def up(
         click.echo,
         tls,
         state,
+        otlp_endpoint,
+        trace_sample,
     )
 
     def ask_to_stop(signum, frame):

@@ -46,10 +46,13 @@ DEMO_COMMAND = [
 RESTARTS_PER_MINUTE = 5
 
 
-def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list[dict]:
+def demo_models(
+    gpu_classes: list[str], nodes: list[dict] | None = None, engine_flags: tuple[str, ...] = ()
+) -> list[dict]:
     """Two models that fit, a small one packed on a card beside the first, and a fourth that
     fits only on the cards of the second: more models than cards, swapped on request
-    (min_replicas 0, a short min_residency)."""
+    (min_replicas 0, a short min_residency). `engine_flags`: added to each engine's command."""
+    command = DEMO_COMMAND + list(engine_flags)
     first = gpu_classes[0]
     second = gpu_classes[1] if len(gpu_classes) > 1 else first
     sizes = [n["gpus_by_class"][second]["total"] for n in nodes or [] if second in n["gpu_classes"]]
@@ -62,7 +65,7 @@ def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list
             "gpu_class": first,
             "replicas": 2,
             "gpus_per_replica": 1,
-            "command": DEMO_COMMAND,
+            "command": command,
             "idle_after": "30m",
             # 16 GB of weights and KV cache on top: it shares its card with what else fits.
             "gpu_memory": "24GB",
@@ -72,7 +75,7 @@ def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list
             "gpu_class": first,
             "replicas": 1,
             "gpus_per_replica": 1,
-            "command": DEMO_COMMAND,
+            "command": command,
             "idle_after": "30m",
             "gpu_memory": "10GB",  # packed beside a llama-3.1-8b, awake on the same card
         },
@@ -81,7 +84,7 @@ def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list
             "gpu_class": second,
             "replicas": 1,
             "gpus_per_replica": 2,
-            "command": DEMO_COMMAND,
+            "command": command,
             "idle_after": "30m",
             "min_replicas": 0,
             "scale_to_zero_after": "30m",
@@ -103,7 +106,7 @@ def demo_models(gpu_classes: list[str], nodes: list[dict] | None = None) -> list
                 # Short enough for a tour: a request for qwen after it takes qwen's cards
                 # back half a minute on, not the server's 2 minutes.
                 "min_residency": "30s",
-                "command": DEMO_COMMAND,
+                "command": command,
                 "idle_after": "30m",
                 **big,
             }
@@ -173,6 +176,8 @@ class FleetUp:
         echo,
         tls: bool = False,
         state: str | None = None,
+        otlp_endpoint: str | None = None,
+        trace_sample: float = 0.01,
     ) -> None:
         self.dir = workdir.resolve()
         # A SQLite file in the fleet's directory, or a postgresql:// URL
@@ -193,10 +198,18 @@ class FleetUp:
         self.simulate = simulate
         self.fleet_file = fleet_file
         self.tick_s = tick_s
+        # Traces of every part (the server's decisions, the router's requests, the demo
+        # engines continuing them) to this OTLP/HTTP collector, or none.
+        self.otlp_endpoint = otlp_endpoint
+        self.trace_sample = trace_sample
         self.echo = echo
         self.parts: list[Part] = []
         self.stopping = False
         self.example_gpu: tuple[str, int] | None = None  # a GPU of this fleet, for the banner
+
+    def traced(self, flag: str) -> tuple[str, ...]:
+        """`flag URL` when traces are on, else nothing."""
+        return (flag, self.otlp_endpoint) if self.otlp_endpoint else ()
 
     # start
 
@@ -256,6 +269,7 @@ class FleetUp:
                     "--heartbeat",
                     "1",
                     *server_tls,
+                    *self.traced("--otlp-endpoint"),
                 ],
                 # 200 once it leads: at once on SQLite, after its election on PostgreSQL
                 self.server_url + "/v1/leader",
@@ -302,6 +316,8 @@ class FleetUp:
                     str(token_file),
                     "--tick",
                     str(self.tick_s),
+                    *self.traced("--otlp-endpoint"),
+                    *(["--trace-sample", str(self.trace_sample)] if self.otlp_endpoint else []),
                 ],
                 self.router_url + "/healthz",
             ),
@@ -393,7 +409,7 @@ class FleetUp:
             )["items"]
         }
         names = []
-        for spec in demo_models(classes, nodes):
+        for spec in demo_models(classes, nodes, self.traced("--otlp-traces-endpoint")):
             names.append(spec["name"])
             if spec["name"] not in existing:
                 client.request(

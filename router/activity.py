@@ -108,27 +108,34 @@ class ActivityReporter:
                 log.warning("activity report failed %d time(s): %s", self.failures, exc)
             return False
 
-    async def demand(self, model: str, waiting: int) -> tuple[str, bool]:
+    async def demand(
+        self, model: str, waiting: int, traceparent: str | None = None
+    ) -> tuple[str, bool, tuple[str, str]]:
         """Tell the control plane at once that requests wait for `model`. Returns why it
-        cannot be placed ("" when it can, or when the control plane could not be asked) and
-        whether that is final (no room can be made for it: answer its requests now)."""
+        cannot be placed ("" when it can, or when the control plane could not be asked),
+        whether that is final (no room can be made for it: answer its requests now), and the
+        ids of the control plane's trace of what it does for the model and of that trace's
+        `demand` span (empty when it traces nothing). `traceparent`: a waiting request's span,
+        which that trace continues."""
         base = self.control_planes.url
         url = base + "/v1/demand"
+        headers = self.headers
+        if traceparent is not None:
+            headers = {**headers, "traceparent": traceparent}
         try:
             timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
             body = orjson.dumps({"model": model, "waiting": waiting})
-            async with self.session.post(
-                url, data=body, headers=self.headers, timeout=timeout
-            ) as resp:
+            async with self.session.post(url, data=body, headers=headers, timeout=timeout) as resp:
                 answer = await resp.json(content_type=None)
                 if resp.status >= 300:
                     raise RuntimeError(f"HTTP {resp.status}: {answer}")
                 self.control_planes.answered(resp)
+            trace = (str(answer.get("trace_id") or ""), str(answer.get("span_id") or ""))
             if answer.get("ready"):
-                return "", False
+                return "", False, trace
             # A control plane that does not say whether is one that makes no room: final.
-            return str(answer.get("reason") or ""), bool(answer.get("final", True))
+            return str(answer.get("reason") or ""), bool(answer.get("final", True)), trace
         except Exception as exc:  # the parked requests wait on; the next demand tries again
             self.control_planes.failed(base)
             log.warning("demand for %s not heard: %s", model, exc)
-            return "", False
+            return "", False, ("", "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import resource
 import signal
 import socket
@@ -27,6 +28,7 @@ from router.routes import RouteWatcher
 from router.sdnotify import notify
 from router.tenantsfile import read_tenants_file
 
+WAKE_IDS = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")  # a trace's and a span's ids, in hex
 log = logging.getLogger("gpurouter")
 ACK_POLL_S = 0.05  # how often the last requests on a replica that left the table are looked at
 
@@ -278,7 +280,13 @@ class RouterServer:
         """Requests wait for `model`: tell the control plane now, not at the next tick."""
 
         async def demand():
-            reason, final = await self.reporter.demand(model, waiting)
+            traced = [e.trace for e in ctx.parked.get(model, ()) if e.trace is not None]
+            parent = traced[0].traceparent_value() if traced else None
+            reason, final, wake = await self.reporter.demand(model, waiting, parent)
+            if WAKE_IDS.fullmatch("-".join(wake)):
+                for exchange in ctx.parked.get(model, ()):
+                    if exchange.trace is not None:
+                        exchange.trace.waited_on(*wake)
             if reason and final:
                 ctx.refuse_parked(model, reason)
             elif reason and model in ctx.parked:

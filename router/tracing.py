@@ -83,7 +83,7 @@ class RequestTrace:
 
     __slots__ = ("exporter", "trace_id", "span_id", "parent_id", "operation", "model",
                  "request_id", "path", "start_ns", "events", "traceparent", "parked_at",
-                 "replica")  # fmt: skip
+                 "replica", "wake")  # fmt: skip
 
     def __init__(self, exporter, trace_id: int, span_id: int, parent_id: int, operation: str,
                  model: str, request_id: bytes, path: bytes) -> None:  # fmt: skip
@@ -96,6 +96,10 @@ class RequestTrace:
         self.traceparent = b"traceparent: 00-%032x-%016x-01\r\n" % (trace_id, span_id)
         self.parked_at = 0.0
         self.replica = ""
+        self.wake: tuple[str, str] | None = None  # the control plane's trace of this wait
+
+    def traceparent_value(self) -> str:
+        return self.traceparent[len(TRACEPARENT) : -2].decode()
 
     def forward(self, forward: bytes) -> bytes:
         """The request's header lines with this span as the engine's parent."""
@@ -107,6 +111,14 @@ class RequestTrace:
     def parked(self, why: str) -> None:
         self.parked_at = time.monotonic()
         self.events.append(("parked", time.time_ns(), {"reason": why}))
+
+    def waited_on(self, trace_id: str, span_id: str) -> None:
+        """The control plane's trace of placing or waking what this parked request waits for
+        (its ids, in hex): named on the `parked` event and linked from this span."""
+        self.wake = (trace_id, span_id)
+        for name, _, attributes in self.events:
+            if name == "parked":
+                attributes["gpufleet.wake.trace_id"] = trace_id
 
     def picked(self, replica: str, load: int, reported: bool, attempt: int) -> None:
         attributes = {
@@ -312,6 +324,9 @@ def _span(ended: tuple) -> bytes:
     )  # fmt: skip
     parent = b',"parentSpanId":"%016x"' % trace.parent_id if trace.parent_id else b""
     status_part = b',"status":{"code":%d}' % STATUS_ERROR if status >= 500 or cut else b""
+    if trace.wake is not None:
+        status_part += b',"links":[{"traceId":"%s","spanId":"%s"}]' % (
+            trace.wake[0].encode(), trace.wake[1].encode())  # fmt: skip
     name = _name(f"{trace.operation} {trace.model}")
     return (
         b'{"traceId":"%032x","spanId":"%016x"%s,"name":%s,"kind":%d,"startTimeUnixNano":"%d",'

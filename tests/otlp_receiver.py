@@ -62,6 +62,10 @@ class Receiver:
                                 "parent_id": span.parent_span_id.hex(),
                                 "attributes": {a.key: _value(a.value) for a in span.attributes},
                                 "events": [e.name for e in span.events],
+                                "links": [
+                                    (link.trace_id.hex(), link.span_id.hex())
+                                    for link in span.links
+                                ],
                                 "event_attributes": {
                                     e.name: {a.key: _value(a.value) for a in e.attributes}
                                     for e in span.events
@@ -92,7 +96,8 @@ def _ids_as_base64(body: bytes) -> bytes:
     for resource in message.get("resourceSpans", []):
         for scope in resource.get("scopeSpans", []):
             for span in scope.get("spans", []):
-                for key in ("traceId", "spanId", "parentSpanId"):
-                    if span.get(key):
-                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+                for held in (span, *span.get("links", [])):
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if held.get(key):
+                            held[key] = base64.b64encode(bytes.fromhex(held[key])).decode()
     return json.dumps(message).encode()

@@ -40,11 +40,22 @@ async def post_demand(request: web.Request) -> web.Response:
         return await adapter_demand(request, model, waiting)
     fleet.demand(model, waiting)
     fleet.flush_records()  # stored before the answer, as every change is
+    tracing = term(request).reconciler.tracing
+    # The trace of what is done for this model, begun before the tick that acts on it; the
+    # router's parked requests name it.
+    trace_ids = (
+        ("", "")
+        if tracing is None
+        else tracing.demand(model, request.headers.get("traceparent"), fleet.ready_count(model) > 0)
+    )
     if fleet.changed or not fleet.ready_count(model):
         # Placed, or room made for it, by the next tick (paced as every tick is): the answer
         # carries the outcome.
         await term(request).after_next_tick(DEMAND_WAIT_S)
-    return json_response(fleet.demand_answer(model))
+    answer = fleet.demand_answer(model)
+    if tracing is not None:
+        answer["trace_id"], answer["span_id"] = trace_ids
+    return json_response(answer)
 
 
 async def adapter_demand(request: web.Request, name: str, waiting: int) -> web.Response:

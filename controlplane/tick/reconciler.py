@@ -86,7 +86,11 @@ class Reconciler:
             actions = list(actions)
         self.executor.apply(view, actions)
         if tracing is not None:
-            tracing.step(step.name, actions, began)
+            tracing.step(step.name, actions, began, self._model_of_replica)
+
+    def _model_of_replica(self, replica_id: str) -> str | None:
+        replica = self.fleet.replicas.get(replica_id)
+        return replica.model if replica is not None else None
 
     def tick(self) -> None:
         fleet = self.fleet

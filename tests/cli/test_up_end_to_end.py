@@ -12,6 +12,7 @@ import pytest
 
 from controlplane.agent.processes import process_alive
 from tests.harness import BIN, free_port, wait_until
+from tests.otlp_receiver import Receiver
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +35,7 @@ class Up:
             "XDG_CONFIG_HOME": str(tmp_path / "config"),
             "NO_COLOR": "1",
             "PYTHONUNBUFFERED": "1",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",  # the SDK's spans out at once, for tests to read
         }
         self.log_path = tmp_path / log_name
         self.log = open(self.log_path, "wb")
@@ -76,8 +78,13 @@ class Up:
         assert self.proc.returncode == 0, self.output()
 
 
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+
+
 def test_gpuctl_up_end_to_end(tmp_path):
-    fleet = Up(tmp_path)
+    receiver = Receiver()
+    fleet = Up(tmp_path, "--otlp-endpoint", receiver.url, "--trace-sample", "0")
     ports, env, output = fleet.ports, fleet.env, fleet.output
     fleet_dir = tmp_path / "fleet"
 
@@ -199,9 +206,13 @@ def test_gpuctl_up_end_to_end(tmp_path):
         assert big["state"] == "ScaledToZero" and not big["reason"], big
         wait_until(lambda: replicas()[unused[0]["id"]]["age_s"] >= 31, 40, "qwen's min_residency")
         answer = api.chat.completions.create(
-            model="llama-3.1-405b", messages=[{"role": "user", "content": "hi"}], timeout=60
+            model="llama-3.1-405b",
+            messages=[{"role": "user", "content": "hi"}],
+            timeout=60,
+            extra_headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
         )
         assert answer.choices[0].message.content
+        why_it_waited(receiver)
         swapped = status()
         assert swapped["room"]["swaps_last_hour"] == 1
         assert swapped["capacity"]["H100-80GB"]["used"] == 16
@@ -235,10 +246,42 @@ def test_gpuctl_up_end_to_end(tmp_path):
         wait_until(lambda: states()["llama-3.1-405b"] == "ScaledToZero", 30, "the 405b gone")
     finally:
         fleet.stop()
+        receiver.close()
     assert "gpufleet: stopped" in output()
     leftovers = [pid for pid in children if process_alive(pid)]
     assert leftovers == [], f"still running after gpuctl up stopped: {leftovers}"
     assert not list(Path(fleet_dir / "pids").glob("*.pid"))
+
+
+def why_it_waited(receiver: Receiver) -> None:
+    """One trace shows the client's request through the router to the engine, and its parked
+    event names the control plane's trace of making room for it: the swap that kept it."""
+
+    def spans_of_the_request():
+        spans = [s for s in receiver.spans if s["trace_id"] == CLIENT_TRACE]
+        services = {s["service"] for s in spans}
+        return {"gpurouter", "sim-engine"} <= services and spans
+
+    spans = wait_until(spans_of_the_request, 15, "the request's spans")
+    (routed,) = [s for s in spans if s["service"] == "gpurouter"]
+    assert routed["name"] == "chat llama-3.1-405b" and routed["parent_id"] == CLIENT_SPAN
+    (engine,) = [s for s in spans if s["service"] == "sim-engine"]
+    assert engine["parent_id"] == routed["span_id"], "the engine continues the router's span"
+    assert "parked" in routed["events"] and "picked" in routed["events"], routed
+    wake_trace = routed["event_attributes"]["parked"]["gpufleet.wake.trace_id"]
+    assert routed["links"] and routed["links"][0][0] == wake_trace
+
+    def the_wait():
+        spans = [s for s in receiver.of("gpuctl-server") if s["trace_id"] == wake_trace]
+        return any(s["name"].startswith("Place ") for s in spans) and spans
+
+    decided = wait_until(the_wait, 15, "the control plane's spans of the wait")
+    (demand,) = [s for s in decided if s["name"] == "demand llama-3.1-405b"]
+    assert demand["parent_id"] == routed["span_id"], "the wait continues the waiting request"
+    assert routed["links"][0][1] == demand["span_id"]
+    names = {s["name"] for s in decided}
+    assert "Place llama-3.1-405b" in names, names
+    assert "Sleep qwen2.5-7b" in names, f"the victim put to sleep for it: {names}"
 
 
 def test_gpuctl_up_over_tls_with_its_own_ca(tmp_path):
