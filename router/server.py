@@ -141,8 +141,10 @@ class RouterServer:
                     settings.tenants_file, self.router_id, settings.workers, settings.worker
                 )
             )
+        extra = [m.metrics_lines for m in (ctx.tracing, self.load_reader) if m is not None]
+        if extra:
+            ctx.extra_metrics = lambda: [line for lines in extra for line in lines()]
         if self.load_reader is not None:
-            ctx.extra_metrics = self.load_reader.metrics_lines
             self.load_reader.start()
         server = await loop.create_server(
             lambda: ClientConnection(ctx),

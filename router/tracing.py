@@ -204,6 +204,22 @@ class Tracing:
             OPERATIONS.get(request.path, "chat"), model, request_id, request.path,
         )  # fmt: skip
 
+    def metrics_lines(self) -> list[str]:
+        exporter = self.exporter
+        lines = [
+            "# HELP gpurouter_trace_spans_total Spans of sampled requests, by what became of"
+            " them: sent to the collector, failed (the collector refused or could not be"
+            " reached), dropped (more waiting than the exporter holds).",
+            "# TYPE gpurouter_trace_spans_total counter",
+        ]
+        for outcome, count in (
+            ("sent", exporter.sent),
+            ("failed", exporter.failed),
+            ("dropped", exporter.dropped),
+        ):
+            lines.append(f'gpurouter_trace_spans_total{{outcome="{outcome}"}} {count}')
+        return lines
+
     def close(self) -> None:
         self.exporter.close()
 

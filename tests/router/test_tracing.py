@@ -7,7 +7,7 @@ import sys
 import openai
 import pytest
 
-from tests.harness import wait_until
+from tests.harness import free_port, get, wait_until
 from tests.otlp_receiver import Receiver
 
 pytestmark = pytest.mark.integration
@@ -80,6 +80,28 @@ def test_a_request_without_a_traceparent_is_sampled_and_starts_a_trace(procs, re
     spans = {s["attributes"]["gen_ai.request.model"]: s for s in receiver.of("gpurouter")}
     assert spans["chat"]["parent_id"] == "" and len(spans["chat"]["trace_id"]) == 32
     assert spans["nope"]["attributes"]["http.response.status_code"] == 404
+    assert span_counts(router) == {"sent": 2, "failed": 0, "dropped": 0}
+
+
+def span_counts(router: str) -> dict[str, int]:
+    _, text = get(router + "/metrics")
+    return {
+        line.split('"')[1]: int(line.rsplit(" ", 1)[1])
+        for line in text.decode().splitlines()
+        if line.startswith("gpurouter_trace_spans_total{")
+    }
+
+
+def test_spans_a_collector_does_not_take_are_counted_and_the_request_is_served(procs):
+    engine = procs.engine("chat")
+    router, _ = procs.router(
+        f"--backend=chat={engine}", "--otlp-endpoint", f"http://127.0.0.1:{free_port()}/v1/traces",
+        "--trace-sample", "1",
+    )  # fmt: skip
+    api = openai.OpenAI(base_url=router + "/v1", api_key="-", max_retries=0)
+    assert api.chat.completions.create(model="chat", messages=[], max_tokens=1).choices
+    counts = wait_until(lambda: span_counts(router)["failed"] == 1 and span_counts(router), 15)
+    assert counts == {"sent": 0, "failed": 1, "dropped": 0}
 
 
 def test_a_request_that_waited_for_a_slot_says_why_and_how_long(procs, receiver):
