@@ -7,3 +7,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("perf figures (same-run comparisons)")
         for line in FIGURES:
             terminalreporter.write_line(line)
+
+
+def pytest_runtest_setup(item):
+    """A gate's timings share the machine with nothing of the run's own: a build of
+    llama-server still under way (tests/llama_cpp/background.py) ends first."""
+    background = getattr(item.config, "llama_background", None)
+    if background is not None:
+        background.wait()

@@ -46,6 +46,29 @@ def postgres_dsn(postgres_server, request):
 
 
 EXIT_WAIT_S = 60.0
+LLAMA_TESTS = os.path.join("tests", "llama_cpp") + os.sep
+
+
+def _group(item) -> int:
+    """The order of a run: the tests, those that need llama-server, then the perf gates."""
+    path = str(item.path.relative_to(item.config.rootpath))
+    if path.startswith("bench" + os.sep):
+        return 2
+    return 1 if path.startswith(LLAMA_TESTS) else 0
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=_group)  # stable: each group keeps its order
+
+
+def pytest_collection_finish(session):
+    """llama-server, if it must be built, is built while the other tests run
+    (tests/llama_cpp/background.py)."""
+    if any(_group(item) == 1 for item in session.items):
+        from tests.llama_cpp.background import BackgroundBuild
+
+        session.config.llama_background = BackgroundBuild()
+        session.config.llama_background.start()
 
 
 @pytest.hookimpl(trylast=True)
@@ -55,6 +78,9 @@ def pytest_unconfigure(config):
     pytest is done, a watchdog gives the threads a minute, then names them and ends the
     process, failing it."""
     status = getattr(config, "exit_status", 1)
+    background = getattr(config, "llama_background", None)
+    if background is not None:
+        background.stop()
 
     def watchdog() -> None:
         threading.Event().wait(EXIT_WAIT_S)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -168,4 +169,6 @@ def _run(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # Stopped (as a run that ends stops a build in the background): the scratch folder goes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     print(Build(pinned_version()).ensure(say=lambda line: print(line, file=sys.stderr)))
