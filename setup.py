@@ -73,6 +73,12 @@ extensions = [
         # llhttp's symbols stay inside this extension: httptools carries its own copy.
         extra_compile_args=[*flags, "-fvisibility=hidden"],
     ),
+    Extension(
+        "router._loadread",
+        ["router/_loadread.pyx", *sorted(str(c) for c in (llhttp / "src").glob("*.c"))],
+        include_dirs=[str(llhttp / "include")],
+        extra_compile_args=[*flags, "-fvisibility=hidden"],
+    ),
 ]
 # The request path: plain Python modules, typed by the .pxd beside each (pure Python mode).
 extensions += [

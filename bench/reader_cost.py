@@ -4,7 +4,12 @@ as `replicas: in_process` serves them), every model sent to, so that every repli
 The router's CPU time (user + system, from /proc) over the same wall time, with the reader on
 at `--load-interval` and off, no requests meanwhile; the difference is the reader's cost.
 
-    python -m bench.reader_cost [--replicas 1000] [--interval 0.25] [--seconds 20]
+    python -m bench.reader_cost [--replicas 1000] [--interval 0.25] [--seconds 20] [--busy]
+        [--histograms 40]
+
+Idle engines (the default) come back the same each read, so after three reads they are read
+every fourth round (router/engineload.py); `--busy` moves every engine's queue between reads,
+so every one is read every round: the reader's cost when nothing is quiet.
 """
 
 from __future__ import annotations
@@ -25,19 +30,23 @@ from tests.harness import Processes, get, post
 MODELS = 10
 
 HOST = """
-import asyncio, sys
+import asyncio, random, sys
 from sim.engine import EngineSettings, SimEngine
 from sim.replicas import EngineHost
 
-async def main(first, count):
+async def main(first, count, busy, histograms):
     host = EngineHost()
     for i in range(first, first + count):
-        host.engines[f"r{i}"] = SimEngine(EngineSettings([f"m{i % %(models)d}"]))
+        settings = EngineSettings([f"m{i % %(models)d}"], metrics_histograms=histograms)
+        host.engines[f"r{i}"] = SimEngine(settings)
     await host.start()
     print(host.port, flush=True)
-    await asyncio.Event().wait()
+    while True:  # busy: every engine's queue moves (other routers' requests) between reads
+        await asyncio.sleep(0.05 if busy else 3600)
+        for engine in host.engines.values():
+            engine.scheduler.running = random.randint(0, 8)
 
-asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "busy", int(sys.argv[4])))
 """.replace("%(models)d", str(MODELS))
 
 
@@ -46,12 +55,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_hosts(replicas: int, hosts: int = 2) -> tuple[list[subprocess.Popen], dict]:
+def start_hosts(
+    replicas: int, hosts: int = 2, busy: bool = False, histograms: int = 0
+) -> tuple[list[subprocess.Popen], dict]:
     procs, urls = [], {}
     share = replicas // hosts
     for h in range(hosts):
         proc = subprocess.Popen(
-            [sys.executable, "-c", HOST, str(h * share), str(share)],
+            [sys.executable, "-c", HOST, str(h * share), str(share), "busy" if busy else "idle",
+             str(histograms)],  # fmt: skip
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -88,8 +100,21 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1000)
     parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--busy",
+        action="store_true",
+        help="every engine's queue changes between reads (as other routers' requests move it), "
+        "so that no engine is quiet and every one is read every round",
+    )
+    parser.add_argument(
+        "--histograms",
+        type=int,
+        default=0,
+        help="latency histograms on each engine's page besides its load (40: a page of about "
+        "80 KB, as vLLM's)",
+    )
     args = parser.parse_args()
-    hosts, urls = start_hosts(args.replicas)
+    hosts, urls = start_hosts(args.replicas, busy=args.busy, histograms=args.histograms)
     try:
         with tempfile.TemporaryDirectory() as folder:
             routes = {
@@ -115,6 +140,8 @@ def main() -> None:
         json.dumps(
             {
                 "replicas": args.replicas,
+                "engines": "busy" if args.busy else "idle",
+                "histograms_a_page": args.histograms,
                 "interval_s": args.interval,
                 "router_cpu_off": round(off["cpu_share"], 4),
                 "router_cpu_on": round(on["cpu_share"], 4),

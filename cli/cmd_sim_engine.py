@@ -105,6 +105,14 @@ if TYPE_CHECKING:
     help="As vLLM's: a span per request, continuing the traceparent it was sent (OTLP over"
     " HTTP; needs gpufleet[otel]).",
 )
+@click.option(
+    "--metrics-histograms",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Latency histograms /metrics carries besides the load, as a real engine's page does "
+    "(40 make a page of about 80 KB, as vLLM's).",
+)
 def sim_engine(
     host,
     port,
@@ -130,6 +138,7 @@ def sim_engine(
     kv_blocks,
     kind,
     otlp_traces_endpoint,
+    metrics_histograms,
 ):
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
@@ -169,6 +178,7 @@ def settings_from(params: dict) -> EngineSettings:
         kv_blocks=params["kv_blocks"],
         kind=params["kind"],
         otlp_traces_endpoint=params.get("otlp_traces_endpoint"),
+        metrics_histograms=params.get("metrics_histograms", 0),
     )
 
 

@@ -3,98 +3,45 @@ running and holding in its queue, and how full its KV cache is.
 
 Every `interval` (jittered by ±10%) the reader takes from the table the endpoints of the models
 this router sent to in the last minute (`EndpointTable.load_targets`), GETs each distinct URL's
-`/metrics` over a kept-alive connection, at most `concurrency` at once, and gives what it
-reads to the table (`set_load`), which picks use for three intervals. Nothing here awaits on a
+`/metrics` over a kept-alive connection, at most `concurrency` at once, and gives what it reads
+to the table (`set_load`), which picks use for three intervals. Nothing here awaits on a
 request's behalf: a read is a write and a few callbacks on the router's loop, with no task of
-its own. A read that has not answered by the next round's deadline (two intervals) is
-abandoned and its connection closed; a body over `max_bytes` is cut off; a page that names
-none of the series, or gives one a value that is not a finite non-negative number, gives no
-reading. Without a reading the replica's load is this router's own count again, as before.
+its own. Only what changes is read each round: an engine whose reading came back the same
+QUIET_AFTER times running, with this router's requests on it the same, is read every QUIET_EVERY
+rounds until it changes (its reading is used that much longer meanwhile; this router's own
+requests on it are counted live as ever, so what waits is only another router's new load on an
+engine that had none, for at most QUIET_EVERY intervals). A read that has not answered by the
+next round's deadline (two intervals) is abandoned and its connection closed; a body over
+`max_bytes` is cut off; a page that names none of the series, or gives one a value that is not a
+finite non-negative number, gives no reading. Without a reading the replica's load is this
+router's own count again, as before.
 
-Series, summed over their label sets (an engine with data-parallel ranks exports one each),
-the KV use as the largest:
-
-| engine    | waiting                    | running                      | KV-cache use (1: full)   |
-|-----------|----------------------------|------------------------------|--------------------------|
-| vLLM      | vllm:num_requests_waiting  | vllm:num_requests_running    | vllm:kv_cache_usage_perc |
-|           |                            |                              | (vllm:gpu_cache_usage_…) |
-| SGLang    | sglang:num_queue_reqs      | sglang:num_running_reqs      | sglang:token_usage       |
-| llama.cpp | llamacpp:requests_deferred | llamacpp:requests_processing | llamacpp:kv_cache_usage_ |
-|           |                            |                              | ratio                    |
+The page is read in C (router/_loadread.pyx: llhttp frames the answer, and only the known series
+are looked for, router/loadseries.py); the connection's own work is a few calls a read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
-import re
 import time
 from collections import deque
-from typing import NamedTuple
 from urllib.parse import urlsplit
 
-import httptools
+from router.loadread import PageReader
+from router.loadseries import COMPLETE, NEED_MORE, TOO_LARGE, BadReading, Reading
 
 log = logging.getLogger("gpurouter.engineload")
 
-WAITING, RUNNING, KV = 0, 1, 2
-SERIES = {
-    b"vllm:num_requests_waiting": WAITING,
-    b"vllm:num_requests_running": RUNNING,
-    b"vllm:kv_cache_usage_perc": KV,
-    b"vllm:gpu_cache_usage_perc": KV,
-    b"sglang:num_queue_reqs": WAITING,
-    b"sglang:num_running_reqs": RUNNING,
-    b"sglang:token_usage": KV,
-    b"llamacpp:requests_deferred": WAITING,
-    b"llamacpp:requests_processing": RUNNING,
-    b"llamacpp:kv_cache_usage_ratio": KV,
-}
 OUTCOMES = ("ok", "timeout", "error", "http_error", "too_large", "bad_value", "no_series")
 RECENT_S = 60.0  # models sent to within this long have their replicas read
 STALE_INTERVALS = 3  # a reading is used this many intervals, then own counts again
+# An engine whose reading (and this router's requests on it) came back the same this many
+# times running is quiet: read every QUIET_EVERY rounds, until its reading changes.
+QUIET_AFTER = 3
+QUIET_EVERY = 4
 SLOT_SEP = "@"  # an adapter's endpoint is REPLICA@ADAPTER, on its replica's engine
-
-
-class BadReading(ValueError):
-    pass
-
-
-class Reading(NamedTuple):
-    waiting: int
-    running: int
-    kv_use: float
-
-
-# One pass over the page, in C: a known name at the start of a line, its labels, its value.
-SAMPLE = re.compile(
-    rb"^(" + b"|".join(re.escape(name) for name in SERIES) + rb")(\{[^\n]*?\})?[ \t]+(\S*)", re.M
-)
-
-
-def parse_load(page: bytes) -> Reading | None:
-    """The load a Prometheus text page gives, looking only for the known series; None when it
-    names none of them; BadReading when one's value is not a finite non-negative number."""
-    totals = [0.0, 0.0, 0.0]
-    seen = False
-    for name, _, raw in SAMPLE.findall(page):
-        try:
-            value = float(raw)
-        except ValueError:
-            raise BadReading(f"not a number: {raw[:20]!r}") from None
-        if not math.isfinite(value) or value < 0:
-            raise BadReading(f"not a finite non-negative number: {value}")
-        field = SERIES[name]
-        if field == KV:
-            totals[KV] = max(totals[KV], value)
-        else:
-            totals[field] += value
-        seen = True
-    if not seen:
-        return None
-    return Reading(int(totals[WAITING]), int(totals[RUNNING]), min(totals[KV], 1.0))
 
 
 class _Connection(asyncio.Protocol):
@@ -114,15 +61,17 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.busy = False
         self.started = 0.0
-        self.status = 0
-        self.size = 0
-        self.chunks: list[bytes] = []
-        self.parser = httptools.HttpResponseParser(self)
+        self.page = PageReader(reader.max_bytes)
+        # What its last reading said (with this router's requests on it then), how many times
+        # running it said the same, and in which round it was last asked.
+        self.last: tuple | None = None
+        self.same = 0
+        self.asked_in = 0
 
     def send(self) -> None:
         self.busy = True
         self.started = time.monotonic()
-        self.status, self.size, self.chunks = 0, 0, []
+        self.page.next()
         if self.transport is not None:
             self.transport.write(self.request)
 
@@ -139,46 +88,36 @@ class _Connection(asyncio.Protocol):
         if not self.busy:
             self.close()  # nothing was asked: not an engine speaking HTTP as it should
             return
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.finish("error")
-            self.close()
+        said = self.page.feed(data)
+        if said != NEED_MORE:
+            self.answered(said)
 
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+    def eof_received(self) -> bool:
+        if self.busy:
+            self.answered(self.page.feed_eof())
+        return False  # the transport closes itself
 
-    def on_body(self, body: bytes) -> None:
-        self.size += len(body)
-        if self.size > self.reader.max_bytes:
-            self.finish("too_large")
-            self.close()
-            return
-        self.chunks.append(body)
-
-    def on_message_complete(self) -> None:
-        if not self.busy:
-            return
-        if self.status != 200:
-            self.finish("http_error")
-            return
-        page = b"".join(self.chunks)
-        self.chunks = []
-        self.finish("ok", page)
-        if not self.parser.should_keep_alive():
+    def answered(self, said: int) -> None:
+        page = self.page
+        if said == COMPLETE:
+            self.finish("ok" if page.status == 200 else "http_error")
+            if not page.keep_alive:
+                self.close()
+        else:
+            self.finish("too_large" if said == TOO_LARGE else "error")
             self.close()
 
     def connection_lost(self, exc) -> None:
         self.transport = None
         self.connecting = False
-        self.parser = httptools.HttpResponseParser(self)
+        self.page = PageReader(self.reader.max_bytes)  # a new connection, a new answer
         if self.busy:
             self.finish("error")
 
-    def finish(self, outcome: str, page: bytes | None = None) -> None:
+    def finish(self, outcome: str) -> None:
         if self.busy:
             self.busy = False
-            self.reader.done(self, outcome, page)
+            self.reader.done(self, outcome)
 
     def close(self) -> None:
         """Drop the connection and any connect under way; the next read of this URL opens a
@@ -221,7 +160,8 @@ class LoadReader:
         self.busy_s = 0.0  # time spent in the reader's own code, rounds and readings
         self.rounds = 0
         self.readings: dict[str, tuple[int, int, float, float]] = {}  # replica -> (w, r, kv, at)
-        self.stale = 0  # endpoints read last round that picks count on their own counts
+        self.quiet = 0  # engines read every QUIET_EVERY rounds, their reading unchanged
+        self.quiet_valid_s = (QUIET_EVERY + 2) * interval_s
 
     # The rounds.
 
@@ -250,14 +190,18 @@ class LoadReader:
         self.targets = targets
         for url in [url for url in self.connections if url not in targets]:
             self.connections[url].close()
-        load_of = self.table.load_of
-        self.stale = sum(
-            1 for entries in targets.values() for slot, _, _ in entries if not load_of(slot)[1]
-        )
+        quiet = 0
         for url in targets:
             connection = self.connections.get(url)
-            if connection is None or not connection.busy:
+            if connection is None:
                 self.pending.append(url)
+            elif not connection.busy:
+                if connection.same >= QUIET_AFTER:
+                    quiet += 1
+                    if self.rounds - connection.asked_in < QUIET_EVERY:
+                        continue
+                self.pending.append(url)
+        self.quiet = quiet
         self.pump()
         jitter = self.interval_s * random.uniform(0.9, 1.1)
         self.round_timer = self.loop.call_later(jitter, self.round)
@@ -276,6 +220,7 @@ class LoadReader:
                     continue
             if connection.busy:
                 continue
+            connection.asked_in = self.rounds
             self.outstanding += 1
             connection.send()
             if connection.transport is None and not connection.connecting:
@@ -315,26 +260,31 @@ class LoadReader:
         if self.connections.get(connection.url) is connection:
             del self.connections[connection.url]
 
-    def done(self, connection: _Connection, outcome: str, page: bytes | None = None) -> None:
+    def done(self, connection: _Connection, outcome: str) -> None:
         began = time.perf_counter()
         self.outstanding -= 1
         if outcome == "ok":
             try:
-                reading = parse_load(page)
+                reading = connection.page.reading()
             except BadReading:
                 outcome, reading = "bad_value", None
             else:
                 if reading is None:
                     outcome = "no_series"
             if reading is not None:
-                self._take(connection.url, reading)
+                self._take(connection, reading)
         self.outcomes[outcome] += 1
         self.pump()
         self.busy_s += time.perf_counter() - began
 
-    def _take(self, url: str, reading: Reading) -> None:
+    def _take(self, connection: _Connection, reading: Reading) -> None:
         at = time.time()
-        for slot, endpoint_id, mark in self.targets.get(url, ()):
+        entries = self.targets.get(connection.url, ())
+        said = (reading, sum(mark for _, _, mark in entries))
+        connection.same = connection.same + 1 if said == connection.last else 0
+        connection.last = said
+        valid_s = self.quiet_valid_s if connection.same >= QUIET_AFTER else self.valid_s
+        for slot, endpoint_id, mark in entries:
             self.table.set_load(
                 slot,
                 endpoint_id,
@@ -342,12 +292,21 @@ class LoadReader:
                 reading.running,
                 reading.kv_use,
                 mark,
-                self.valid_s,
+                valid_s,
             )
             replica = endpoint_id.partition(SLOT_SEP)[0]
             self.readings[replica] = (reading.waiting, reading.running, reading.kv_use, at)
 
     # What is told.
+
+    @property
+    def stale(self) -> int:
+        """Endpoints read whose last reading is too old or missing: picks count this router's
+        own requests on them (worked out when asked: the rounds need not)."""
+        load_of = self.table.load_of
+        return sum(
+            1 for entries in self.targets.values() for slot, _, _ in entries if not load_of(slot)[1]
+        )
 
     def report(self) -> dict[str, list]:
         """replica -> [waiting, running, KV use, seconds since read], for the activity report:
@@ -380,6 +339,10 @@ class LoadReader:
             " too old or missing: picks count this router's own requests on them.",
             "# TYPE gpurouter_engine_load_stale_endpoints gauge",
             f"gpurouter_engine_load_stale_endpoints {self.stale}",
+            "# HELP gpurouter_engine_load_quiet_engines Engines whose reading has not changed:"
+            " read every few rounds until it does.",
+            "# TYPE gpurouter_engine_load_quiet_engines gauge",
+            f"gpurouter_engine_load_quiet_engines {self.quiet}",
             "# HELP gpurouter_engine_load_read_endpoints Endpoints the reader reads.",
             "# TYPE gpurouter_engine_load_read_endpoints gauge",
             f"gpurouter_engine_load_read_endpoints {sum(len(e) for e in self.targets.values())}",

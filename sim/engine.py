@@ -78,6 +78,9 @@ class EngineSettings:
     kv_blocks: int = 0  # KV-cache capacity in blocks of 16 tokens; 0: no limit
     kind: str = "vllm"  # whose metric names /metrics uses: vllm | sglang | llama.cpp
     otlp_traces_endpoint: str | None = None  # as vLLM's flag: a span per request, continuing
+    # Latency histograms /metrics carries besides the load, as a real engine's page does
+    # (vLLM's is 40 to 100 KB, most of it histograms): what a reader must look through.
+    metrics_histograms: int = 0
 
     def serves(self, name) -> bool:
         return name in self.models or name in self.adapters
@@ -89,6 +92,7 @@ class SimEngine:
         self.requests_total = 0
         self.cancelled_total = 0
         self.tracer = None
+        self.histograms: list[str] | None = None
         if settings.otlp_traces_endpoint:
             from sim.tracing import EngineTracer
 
@@ -466,7 +470,11 @@ class SimEngine:
         fault = self.settings.faults.metrics
         if fault:
             return await self._bad_metrics(fault)
-        lines = self.load_lines()
+        if self.histograms is None:  # the same on every read: made once
+            self.histograms = _histograms(self.settings.metrics_histograms, self.settings.models[0])
+        histograms = self.histograms
+        half = len(histograms) // 2
+        lines = histograms[:half] + self.load_lines() + histograms[half:]
         lines += _family(
             "gpufleet_sim_cancelled_total",
             "counter",
@@ -559,6 +567,19 @@ def _labels(model: str) -> str:
 
 def _family(name: str, kind: str, help_text: str, value, labels: str = "") -> list[str]:
     return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"]
+
+
+def _histograms(count: int, model: str) -> list[str]:
+    """`count` histogram families of 20 buckets each, shaped as vLLM's latency histograms."""
+    labels = 'engine="0",' + _labels(model)[1:-1]
+    lines = []
+    for n in range(count):
+        name = f"gpufleet_sim_latency_{n}_seconds"
+        lines += [f"# HELP {name} A latency, as an engine's has.", f"# TYPE {name} histogram"]
+        lines += [f'{name}_bucket{{{labels},le="{b * 0.25}"}} {b * 7.0}' for b in range(1, 20)]
+        lines += [f'{name}_bucket{{{labels},le="+Inf"}} 140.0', f"{name}_sum{{{labels}}} 96.5"]
+        lines += [f"{name}_count{{{labels}}} 140.0"]
+    return lines
 
 
 def _new_id(chat: bool) -> str:

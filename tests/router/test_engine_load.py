@@ -8,12 +8,19 @@ import math
 import pytest
 from aiohttp import web
 
-from router import _fastpath, fastpath_py
-from router.engineload import BadReading, LoadReader, Reading, parse_load
+from router import _fastpath, _loadread, fastpath_py, loadread_py
+from router.engineload import LoadReader
+from router.loadseries import BadReading, Reading
 from sim.engine import EngineSettings, Faults, SimEngine
 
 
-def test_each_engine_kinds_series_are_read_summed_over_label_sets():
+@pytest.fixture(params=["extension", "twin"])
+def parse_load(request):
+    """Each page test reads with the C scanner and with its Python twin."""
+    return {"extension": _loadread, "twin": loadread_py}[request.param].scan_load
+
+
+def test_each_engine_kinds_series_are_read_summed_over_label_sets(parse_load):
     vllm = (
         b"# HELP vllm:num_requests_waiting Requests waiting.\n"
         b"# TYPE vllm:num_requests_waiting gauge\n"
@@ -41,14 +48,17 @@ def test_each_engine_kinds_series_are_read_summed_over_label_sets():
         b"vllm:kv_cache_usage_perc +Inf\n",
         b"vllm:num_requests_running lots\n",
         b"vllm:num_requests_running \n",
+        b"vllm:num_requests_running 0x10\n",
+        b"vllm:num_requests_running 1_000\n",
+        b"vllm:num_requests_running 1.2.3\n",
     ],
 )
-def test_a_value_that_is_not_a_finite_non_negative_number_gives_no_reading(page):
+def test_a_value_that_is_not_a_finite_non_negative_number_gives_no_reading(page, parse_load):
     with pytest.raises(BadReading):
         parse_load(page)
 
 
-def test_a_page_without_a_known_series_gives_none():
+def test_a_page_without_a_known_series_gives_none(parse_load):
     assert parse_load(b"") is None
     assert parse_load(b"process_cpu_seconds_total 1\n# vllm:num_requests_waiting 3\n") is None
     assert parse_load(b"\x00\xff garbage \n\n{}") is None
@@ -161,7 +171,7 @@ def test_replicas_of_models_not_sent_to_in_the_last_minute_are_not_read():
     asyncio.run(scenario())
 
 
-def test_kv_use_is_capped_at_one_and_nan_never_reaches_the_table():
+def test_kv_use_is_capped_at_one_and_nan_never_reaches_the_table(parse_load):
     assert parse_load(b"sglang:token_usage 3.5\nsglang:num_queue_reqs 0\n").kv_use == 1.0
     assert not any(math.isnan(v) for v in (parse_load(b"sglang:token_usage 0\n").kv_use,))
 
