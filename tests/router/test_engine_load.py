@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from router import _fastpath, _loadread, fastpath_py, loadread_py
-from router.engineload import LoadReader
+from router.engineload import QUIET_AFTER, QUIET_EVERY, LoadReader
 from router.loadseries import BadReading, Reading
 from sim.engine import EngineSettings, Faults, SimEngine
 
@@ -143,7 +143,8 @@ def test_a_reading_steers_picks_and_its_end_gives_them_back_to_own_counts():
             assert picks == ["b"] * 6, "b carries 6 of ours before a's 6 are matched"
             assert reader.report()["a"][:2] == [0, 6]
             reader.stop()
-            await asyncio.sleep(0.2)  # three intervals without a reading
+            # A quiet engine's reading is used until its next read would be due, and a little.
+            await asyncio.sleep(reader.quiet_valid_s + 0.1)
             assert table.load_of(slot_a) == (0, False, False)
         finally:
             reader.stop()
@@ -252,3 +253,43 @@ def test_the_router_raises_its_descriptor_limit_and_says_so(procs):
     assert soft_seen == hard_seen, line
     assert f"{soft_seen} descriptors" in procs.log(proc)
     assert hard == resource.RLIM_INFINITY or int(hard_seen) == hard
+
+
+def test_a_quiet_engine_is_read_every_few_rounds_until_its_reading_changes():
+    async def scenario():
+        runners, urls, sims = await engines([""])
+        table = _fastpath.EndpointTable()
+        table.update({"m": [("a", urls[0])]})
+        table.release(table.acquire("m"))
+        reader = LoadReader(table, interval_s=0.05)
+        reader.start()
+        try:
+            await asyncio.sleep(0.3)  # its first reads: the same each time
+            (connection,) = reader.connections.values()
+            assert connection.same >= QUIET_AFTER and reader.quiet == 1
+            rounds, reads = reader.rounds, reader.outcomes["ok"]
+            await asyncio.sleep(1.0)
+            quiet_reads = reader.outcomes["ok"] - reads
+            quiet_rounds = reader.rounds - rounds
+            assert quiet_reads <= quiet_rounds // QUIET_EVERY + 1, (quiet_reads, quiet_rounds)
+            sims[0].scheduler.running = 3  # another router's requests arrive
+            changed_in = reader.rounds
+            slot = table.endpoints("m")[0][0]
+            for _ in range(100):
+                if table.load_of(slot)[0] == 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert reader.rounds - changed_in <= QUIET_EVERY + 1, "seen within QUIET_EVERY rounds"
+            rounds, reads = reader.rounds, reader.outcomes["ok"]
+            for n in range(12):  # and it keeps moving: read every round
+                sims[0].scheduler.running = 4 + n
+                await asyncio.sleep(0.05)
+            moving_reads = reader.outcomes["ok"] - reads
+            assert moving_reads >= reader.rounds - rounds - QUIET_EVERY, "at most one quiet wait"
+        finally:
+            reader.stop()
+            sims[0].scheduler.running = 0
+            for runner in runners:
+                await runner.cleanup()
+
+    asyncio.run(scenario())
