@@ -138,7 +138,7 @@ class LoadReader:
         table,
         interval_s: float = 0.1,
         concurrency: int = 64,
-        max_bytes: int = 2 * 1024 * 1024,
+        max_bytes: int = 1024 * 1024,  # a real engine's page is 40 to 100 KB
         recent_s: float = RECENT_S,
     ) -> None:
         self.table = table

@@ -19,6 +19,8 @@ import asyncio
 import os
 import random
 import signal
+import socket
+import struct
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
@@ -33,7 +35,9 @@ MAX_BODY = 64 * 1024 * 1024
 WORDS = ("the", "fleet", "serves", "many", "models", "on", "few", "cards", "and", "routes", "well")
 
 
-METRICS_FAULTS = ("", "hang", "error", "huge", "nan", "negative", "unknown")
+METRICS_FAULTS = (
+    "", "hang", "error", "huge", "nan", "negative", "unknown", "big", "labels", "slow", "reset",
+)  # fmt: skip
 
 
 @dataclass
@@ -43,8 +47,10 @@ class Faults:
     close_after_tokens: int = -1  # cut each stream after this many tokens (-1: never)
     unhealthy: bool = False  # /health answers 503
     no_usage: bool = False  # answers carry no `usage` (as some engines and proxies send them)
-    # /metrics misbehaves: "" (not), hang, error (500), huge (10 MB), nan, negative, or
-    # unknown (no series a router knows)
+    # /metrics misbehaves: "" (not), hang, error (500), huge (10 MB of comments), nan,
+    # negative, unknown (no series a router knows), big (2 MiB of valid series), labels (one
+    # series with 100,000 label sets), slow (answers byte by byte over 10 s), reset (the
+    # connection is reset halfway through the body)
     metrics: str = ""
 
     def update(self, changes: dict) -> None:
@@ -469,7 +475,7 @@ class SimEngine:
     async def metrics(self, request: web.Request) -> web.Response:
         fault = self.settings.faults.metrics
         if fault:
-            return await self._bad_metrics(fault)
+            return await self._bad_metrics(fault, request)
         if self.histograms is None:  # the same on every read: made once
             self.histograms = _histograms(self.settings.metrics_histograms, self.settings.models[0])
         histograms = self.histograms
@@ -506,7 +512,31 @@ class SimEngine:
             )
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
-    async def _bad_metrics(self, fault: str) -> web.Response:
+    async def _bad_metrics(self, fault: str, request: web.Request) -> web.StreamResponse:
+        if fault in ("big", "labels"):
+            if fault == "big":  # valid series, as many as make 2 MiB
+                line = 'vllm:num_requests_running{model_name="m",engine="%d"} 1\n'
+                count = 2 * 1024 * 1024 // len(line % 0) + 1
+            else:
+                line = 'vllm:num_requests_waiting{model_name="m",request="%d"} 0\n'
+                count = 100_000
+            return web.Response(text="".join(line % n for n in range(count)))
+        if fault in ("slow", "reset"):
+            page = "\n".join(self.load_lines()).encode() + b"\n"
+            answer = web.StreamResponse(headers={"Content-Type": "text/plain"})
+            answer.content_length = len(page)
+            await answer.prepare(request)
+            if fault == "reset":
+                await answer.write(page[: len(page) // 2])
+                sock = request.transport.get_extra_info("socket")
+                # Linger 0: the close sends a reset, not an orderly end.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                request.transport.abort()
+                return answer
+            for n in range(len(page)):
+                await answer.write(page[n : n + 1])
+                await asyncio.sleep(10.0 / len(page))
+            return answer
         if fault == "hang":
             await asyncio.Event().wait()
         if fault == "error":
