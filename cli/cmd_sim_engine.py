@@ -113,6 +113,13 @@ if TYPE_CHECKING:
     help="Latency histograms /metrics carries besides the load, as a real engine's page does "
     "(40 make a page of about 80 KB, as vLLM's).",
 )
+@click.option(
+    "--lora-resolver-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="As vLLM's filesystem LoRA resolver: a request for a model it does not serve loads the "
+    "adapter in DIR/NAME (a folder with adapter_config.json) first, up to --max-loras.",
+)
 def sim_engine(
     host,
     port,
@@ -139,6 +146,7 @@ def sim_engine(
     kind,
     otlp_traces_endpoint,
     metrics_histograms,
+    lora_resolver_dir,
 ):
     """Serve MODELs like vLLM would, with simulated latency, output and faults."""
     import uvloop
@@ -179,6 +187,7 @@ def settings_from(params: dict) -> EngineSettings:
         kind=params["kind"],
         otlp_traces_endpoint=params.get("otlp_traces_endpoint"),
         metrics_histograms=params.get("metrics_histograms", 0),
+        lora_resolver_dir=params.get("lora_resolver_dir"),
     )
 
 

@@ -58,10 +58,21 @@ def node_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     return table(headers, rows, no_headers, right={4, 5, 6, 7, 8, 9}, width=width)
 
 
+def adapter_cell(row: dict) -> str:
+    """The adapters a replica serves, and how its loads came about: `2 (1+1)` is two served,
+    one load the control plane ordered and one its engine made on a request."""
+    loads = row.get("adapter_loads") or {}
+    ordered, resolved = loads.get("ordered", 0), loads.get("resolved", 0)
+    served = len(row.get("adapters") or [])
+    if not (served or ordered or resolved):
+        return "-"
+    return f"{served} ({ordered}+{resolved})"
+
+
 def replica_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
     headers = ["NAME", "MODEL", "STATE", "NODES", "GPUS", "IDLE", "AGE"]
     if wide:
-        headers += ["WAITING", "RUNNING", "KV", "READ", "CARDS", "URL", "REASON"]
+        headers += ["WAITING", "RUNNING", "KV", "READ", "ADAPTERS", "CARDS", "URL", "REASON"]
     rows = []
     for r in items:
         placement = r.get("placement") or []
@@ -79,7 +90,7 @@ def replica_table(items, wide: bool, no_headers: bool, width: int = 0) -> str:
         if wide:
             shown = " ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in placement)
             row += engine_load_cells(r.get("engine_load"))
-            row += [shown or "-", r["url"] or "-", r["reason"] or "-"]
+            row += [adapter_cell(r), shown or "-", r["url"] or "-", r["reason"] or "-"]
         rows.append(row)
     return table(headers, rows, no_headers, right={4, 7, 8, 9} if wide else {4}, width=width)
 

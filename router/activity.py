@@ -52,6 +52,7 @@ class ActivityReporter:
         started: float,
         engine_load=None,
         tenants=None,
+        resolvers=None,
     ) -> None:
         self.session = session
         self.control_planes = control_planes  # router/leader.py
@@ -61,6 +62,7 @@ class ActivityReporter:
         self.started = started
         self.engine_load = engine_load  # () -> the reader's readings, or None
         self.tenants = tenants  # router/tenants.py's TenantBook, or None
+        self.resolvers = resolvers  # router/resolvers.py's Resolvers, or None
         self.headers = {"Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
@@ -82,6 +84,9 @@ class ActivityReporter:
         if self.tenants is not None and self.tenants.tenants:
             report["tenants"] = self.tenants.report()
             report["keys_used"] = self.tenants.take_keys_used()
+        failed = dict(self.resolvers.failures) if self.resolvers is not None else {}
+        if failed:
+            report["adapter_failures"] = failed  # REPLICA@ADAPTER a resolver could not load
         if goodbye:
             report["goodbye"] = True
         if prompt:
@@ -100,6 +105,8 @@ class ActivityReporter:
                     raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
                 self.control_planes.answered(resp)
             self.failures = 0
+            if failed:
+                self.resolvers.reported(failed)
             return True
         except Exception as exc:  # reports are best effort; the next tick tries again
             self.control_planes.failed(base)

@@ -13,6 +13,8 @@ import logging
 
 import aiohttp
 
+from router.resolvers import served
+
 log = logging.getLogger("gpurouter.catalog")
 
 
@@ -55,7 +57,7 @@ class ModelCatalog:
     async def refresh(self, session: aiohttp.ClientSession, table, timeout_s: float = 2.0):
         """Ask every replica in the table for its models; one that does not answer in time
         keeps what it said last."""
-        models = table.models()
+        models = served(table.models())
         fresh = ModelCatalog()
         jobs = [
             self._ask(session, model, url, timeout_s, fresh)

@@ -34,6 +34,8 @@ cdef class ProxyContext:
     cdef public TenantBook tenants
     cdef public dict slot_waiting
     cdef public Py_ssize_t slot_waiters
+    cdef public object resolvers  # router/resolvers.py
+    cdef public frozenset adapter_models  # resolvers.adapters, read on every pick
     # settings read on every request, copied from `config`
     cdef public bint keys_required
     cdef public str affinity

@@ -15,6 +15,7 @@ from router.affinity import DEFAULT_PREFIX_CHARS
 from router.catalog import ModelCatalog
 from router.fairqueue import FairQueue
 from router.metrics import RouterMetrics, SharedMetrics, merge, render
+from router.resolvers import Resolvers, served
 from router.tenantmetrics import tenant_lines
 from router.tenants import TenantBook
 from router.upstream import UpstreamPool
@@ -77,6 +78,8 @@ class ProxyContext:
         self.last_id = 0
         self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
         self.routed_models: frozenset[str] = frozenset()
+        self.resolvers = Resolvers()  # adapters an engine may load on a request
+        self.adapter_models: frozenset[str] = frozenset()
         self.refresh_routed_models()
         # Waiting for a replica: model -> the exchanges parked for it, and since when. Only
         # with a control plane to wake the model (`on_demand`); without one, 503 at once.
@@ -119,8 +122,11 @@ class ProxyContext:
         return pool
 
     def refresh_routed_models(self) -> None:
-        """The names metrics may carry as labels: the table's models and served adapters."""
-        self.routed_models = frozenset(self.table.models()).union(self.catalog.aliases)
+        """The names metrics may carry as labels: the table's models and served adapters (and
+        which adapters may be loaded where a request lands)."""
+        self.routed_models = frozenset(served(self.table.models())).union(self.catalog.aliases)
+        self.resolvers.update(self.table)
+        self.adapter_models = self.resolvers.adapters
 
     def on_tick(self) -> None:
         """Once a tick: what changes slowly is refreshed here, not per request."""

@@ -60,6 +60,7 @@ cdef class Exchange(ResponseListener):
     cdef public double queued_at
     cdef public bint cut
     cdef public object trace
+    cdef public int way  # an adapter's request: how it was served (exchange.py's WAY_*)
 
     cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key, TenantState tenant=*, double reserved=*) except *
     @cython.locals(allowed=long, to=long)
@@ -68,6 +69,8 @@ cdef class Exchange(ResponseListener):
     @cython.locals(table=_fastpath.EndpointTable, slot=long, now=double)
     cdef void _pick(self) except *
     cdef void _no_replica(self, long result) except *
+    cdef void _take(self, _fastpath.EndpointTable table, long slot) except *
+    cdef bint _resolve(self) except *
     @cython.locals(ctx=ProxyContext, due=bint)
     cdef object _sampled(self, _wire.Request request, bytes request_id)
     cdef void _trace_picked(self, _fastpath.EndpointTable table, long slot) except *

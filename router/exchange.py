@@ -63,6 +63,10 @@ _ALLOWED = _moves(MOVES)
 # idle_timeout_s plus one sweep.
 RENEW_AT_SWEEP = -1.0
 TAIL_BYTES = 2048  # of a tenant's answer, kept for the engine's `usage` at its end
+# How a request for an adapter was served (router/resolvers.py): not yet known (or not an
+# adapter), by a holder, by a replica whose engine loaded it on the request, after waiting for
+# the control plane to load it.
+WAY_UNDECIDED, WAY_HOLDER, WAY_RESOLVER, WAY_WAITED = 0, 1, 2, 3
 
 
 class LifecycleError(RuntimeError):
@@ -113,6 +117,7 @@ class Exchange(ResponseListener):
         self.connecting: asyncio.Task | None = None
         self.stale_retried = self.chunked = self.sse = self.first_chunk_seen = False
         self.status = 0
+        self.way = WAY_UNDECIDED
         self.deadline = 0.0
         self.last_failure = ""
         # Its tenant (router/tenants.py; None without keys): admitted against `reserved`
@@ -170,6 +175,13 @@ class Exchange(ResponseListener):
         if slot < 0:
             self._no_replica(slot)
             return
+        # 0: WAY_UNDECIDED, as a C constant on every pick; the set is empty without adapters.
+        if self.way == 0 and self.routed_model in self.ctx.adapter_models:
+            self.way = WAY_HOLDER
+            self.ctx.resolvers.ways["holder"] += 1
+        self._take(table, slot)
+
+    def _take(self, table, slot: int) -> None:
         if self.tried:
             self.ctx.metrics.retries += 1
         self.slot = slot
@@ -185,7 +197,28 @@ class Exchange(ResponseListener):
         else:
             self._connect()
 
+    def _resolve(self) -> bool:
+        """No holder of the adapter can take it at once: a replica whose engine loads it on
+        this request, if the control plane named any (router/resolvers.py)."""
+        resolvers = self.ctx.resolvers
+        route = resolvers.route_of(self.routed_model) if resolvers.routes else None
+        if route is None:
+            return False
+        table = self.ctx.table
+        slot = table.acquire(route, self.key, self.tried)
+        if slot < 0:
+            return False
+        if self.way != WAY_WAITED:
+            resolvers.ways["resolver"] += 1
+        self.way = WAY_RESOLVER
+        if self.stage is not PICK:
+            self._move(PICK)
+        self._take(table, slot)
+        return True
+
     def _no_replica(self, result: int) -> None:
+        if result != NO_MODEL and self._resolve():
+            return
         if result == NO_MODEL:
             self._finish(
                 404, error=(f"The model `{self.model}` does not exist.", "model_not_found")
@@ -210,6 +243,9 @@ class Exchange(ResponseListener):
         if result == NO_ENDPOINT and self.ctx.park(self):
             # Held until a replica's route arrives (the control plane was told at once).
             self.deadline = self.ctx.clock() + self.ctx.config.park_timeout_s
+            if self.way == WAY_UNDECIDED and self.routed_model in self.ctx.adapter_models:
+                self.way = WAY_WAITED
+                self.ctx.resolvers.ways["waited"] += 1
             return
         why = (
             "is saturated and too many requests wait"
@@ -468,6 +504,10 @@ class Exchange(ResponseListener):
                 return
             self.stage = RELAY  # from SEND, checked above: always a legal move
             self.status = status
+            if status == 404 and self.way == WAY_RESOLVER:
+                # Its engine could not load the adapter: relayed as the engine said it.
+                endpoint = self.ctx.table.endpoint_id(self.slot) or "?"
+                self.ctx.resolvers.failed(self.routed_model, endpoint, status)
             self.deadline = RENEW_AT_SWEEP
             self.sse = head.sse
             self.chunked = not head.length_given

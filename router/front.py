@@ -21,6 +21,7 @@ from router.context import ProxyContext
 from router.errors import REASONS, RequestRefused, error_body
 from router.exchange import ClientSide, Exchange
 from router.metrics import OTHER_MODEL
+from router.resolvers import served
 from router.target import Refusal
 from router.tenants import (
     BAD_BOUND,
@@ -248,7 +249,7 @@ class ClientConnection(ClientSide):
         self.respond(429, error_body(429, message, "rate_limit_exceeded"), request_id, extra)
 
     def list_models(self, path: bytes, request_id: bytes, tenant=None) -> None:
-        cards = self.ctx.catalog.cards(self.ctx.table.models())
+        cards = self.ctx.catalog.cards(served(self.ctx.table.models()))
         if tenant is not None and tenant.patterns:
             cards = [card for card in cards if tenant.may_call(card["id"])]
         if path.rstrip(b"/") == b"/v1/models":

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import orjson
 
+from router.resolvers import served
+
 # LLM latencies: a cached short answer in tens of ms, long generations in minutes.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 # From the first parked request to its model's first replica: a start-up, seconds to minutes.
@@ -255,7 +257,7 @@ def render(totals: dict, table, ejected_now: list[tuple[str, str]]) -> bytes:
     """Prometheus text of merged states; `ejected_now` are (model, replica) ejected now."""
     ejected = set(ejected_now)
     endpoints = [
-        (m, replica) for m in sorted(table.models()) for _, replica, _ in table.endpoints(m)
+        (m, replica) for m in sorted(served(table.models())) for _, replica, _ in table.endpoints(m)
     ]
     out = []
     for name, kind, help_text, key, names in KEYED_FAMILIES:

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
+from router.resolvers import with_resolvers
+
 log = logging.getLogger("gpurouter.routes")
 
 
@@ -147,6 +149,7 @@ class RouteWatcher:
         self.version = -1
         self.affinity: dict[str, str] = {}  # per-model affinity the control plane publishes
         self.tenants: dict = {}  # tenants' rules, this router's shares, keys' digests
+        self.adapters: frozenset[str] = frozenset()  # which routes are LoRA adapters
         self.on_change = on_change  # called after each new table is applied
         self.on_answer = None  # called after every answer of the control plane
 
@@ -178,10 +181,11 @@ class RouteWatcher:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def apply(self, table: dict) -> None:
+        published = with_resolvers(table["routes"], table.get("resolvers") or {})
         routes, problems = checked_routes(
             {
                 model: [(e["id"], e["url"]) for e in endpoints]
-                for model, endpoints in table["routes"].items()
+                for model, endpoints in published.items()
             }
         )
         for problem in problems:
@@ -194,5 +198,9 @@ class RouteWatcher:
             if mode in AFFINITY_MODES
         }
         self.tenants = table.get("tenants") or {}
+        adapters = table.get("adapters")
+        self.adapters = frozenset(a for a in adapters if isinstance(a, str)) if isinstance(
+            adapters, list
+        ) else frozenset()  # fmt: skip
         if self.on_change is not None:
             self.on_change()

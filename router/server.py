@@ -141,9 +141,10 @@ class RouterServer:
                     settings.tenants_file, self.router_id, settings.workers, settings.worker
                 )
             )
-        extra = [m.metrics_lines for m in (ctx.tracing, self.load_reader) if m is not None]
-        if extra:
-            ctx.extra_metrics = lambda: [line for lines in extra for line in lines()]
+        extra = [
+            m.metrics_lines for m in (ctx.tracing, self.load_reader, ctx.resolvers) if m is not None
+        ]
+        ctx.extra_metrics = lambda: [line for lines in extra for line in lines()]
         if self.load_reader is not None:
             self.load_reader.start()
         server = await loop.create_server(
@@ -179,6 +180,7 @@ class RouterServer:
                 self.started,
                 engine_load=self.load_reader.report if self.load_reader else None,
                 tenants=ctx.tenants,
+                resolvers=ctx.resolvers,
             )
         tasks = [
             asyncio.create_task(self.tick(ctx)),
@@ -189,6 +191,7 @@ class RouterServer:
             def routes_changed():
                 ctx.affinity_by_model = watcher.affinity
                 ctx.tenants_changed(watcher.tenants)
+                ctx.resolvers.named = watcher.adapters
                 ctx.refresh_routed_models()  # metrics label the new models from now on
                 ctx.resume_parked()
                 self.acks.routes_changed()

@@ -87,6 +87,10 @@ class EngineSettings:
     # Latency histograms /metrics carries besides the load, as a real engine's page does
     # (vLLM's is 40 to 100 KB, most of it histograms): what a reader must look through.
     metrics_histograms: int = 0
+    # As vLLM's filesystem LoRA resolver (VLLM_LORA_RESOLVER_CACHE_DIR, with
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING): a request for a model it does not serve loads the
+    # adapter DIR/NAME (a folder with adapter_config.json) first, taking --adapter-load-s.
+    lora_resolver_dir: str | None = None
 
     def serves(self, name) -> bool:
         return name in self.models or name in self.adapters
@@ -99,6 +103,7 @@ class SimEngine:
         self.cancelled_total = 0
         self.tracer = None
         self.histograms: list[str] | None = None
+        self.resolving: dict[str, asyncio.Future] = {}  # adapter -> its load under way
         if settings.otlp_traces_endpoint:
             from sim.tracing import EngineTracer
 
@@ -148,8 +153,35 @@ class SimEngine:
             raise _error(400, f"invalid JSON body: {exc}") from None
         if not isinstance(body, dict):
             raise _error(400, "the body must be a JSON object")
+        if self.settings.lora_resolver_dir and not self.settings.serves(body.get("model")):
+            await self.resolve_adapter(body.get("model"))
         self._check_model(body.get("model"))
         return body
+
+    async def resolve_adapter(self, name) -> None:
+        """vLLM's resolver: the adapter NAME from the resolver's folder, loaded before the
+        request that named it is served (one load for requests that arrive meanwhile); a name
+        with no adapter there is a model that does not exist."""
+        if not isinstance(name, str) or "/" in name or name.startswith("."):
+            return
+        pending = self.resolving.get(name)
+        if pending is not None:
+            await asyncio.shield(pending)
+            return
+        folder = os.path.join(self.settings.lora_resolver_dir, name)
+        if not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+            return  # answered as a model that does not exist
+        if len(self.settings.adapters) >= self.settings.max_loras:
+            raise _error(400, f"already {self.settings.max_loras} adapters loaded (max_loras)")
+        done = self.resolving[name] = asyncio.get_running_loop().create_future()
+        try:
+            if self.settings.adapter_load_s:
+                await asyncio.sleep(self.settings.adapter_load_s)
+            if name not in self.settings.adapters:
+                self.settings.adapters.append(name)
+        finally:
+            del self.resolving[name]
+            done.set_result(None)
 
     def _check_model(self, model) -> None:
         if not self.settings.serves(model):

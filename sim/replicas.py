@@ -17,12 +17,12 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from controlplane.agent.processes import expand
-from controlplane.agent.supervisor import Reconciles
+from controlplane.agent.supervisor import Reconciles, adapters_to_unload
 from sim.engine import MAX_BODY, AdapterRefused, EngineSettings, SimEngine, errors_as_json
 
 log = logging.getLogger("gpufleet.agent")
@@ -94,6 +94,8 @@ class InProcess:
     adapters_wanted: dict | None = None
     adapter_failures: dict | None = None
     memory_share: float = 0.9  # the share of each card it was told it may take awake
+    adapter_resolver: bool = False
+    ever_assigned: list = field(default_factory=list)  # kept in the replica's record
 
 
 class InProcessSupervisor(Reconciles):
@@ -174,9 +176,10 @@ class InProcessSupervisor(Reconciles):
         """What the agent's calls to /v1/(un)load_lora_adapter would do, done in place."""
         wanted = record.adapters_wanted or {}
         failures = record.adapter_failures or {}
-        for name in [a for a in engine.settings.adapters if a not in wanted]:
+        for name in adapters_to_unload(record, list(engine.settings.adapters)):
             if name not in engine.static_adapters:
                 engine.settings.adapters.remove(name)
+                record.ever_assigned = [a for a in record.ever_assigned if a != name]
         for name, source in wanted.items():
             if name in engine.settings.adapters or name in failures:
                 continue

@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -66,6 +66,20 @@ class Running:
     adapters: list | None = None  # what the engine holds
     adapter_failures: dict | None = None  # adapter -> why its load failed
     memory_share: float = 0.9  # the share of each card it was told it may take awake
+    # Its engine loads adapters itself on a first request (`adapter_resolver`): what it holds
+    # is read from its /v1/models, and only adapters it was once told to hold are unloaded.
+    adapter_resolver: bool = False
+    ever_assigned: list = field(default_factory=list)  # kept in the replica's record
+
+
+def adapters_to_unload(run, held: list[str]) -> list[str]:
+    """What the engine holds and is not assigned. An engine that loads adapters itself may
+    hold one the control plane has not taken on yet (it will, from the next report): only
+    those it was once assigned, and is no longer, are unloaded."""
+    wanted = run.adapters_wanted or {}
+    return [
+        a for a in held if a not in wanted and (not run.adapter_resolver or a in run.ever_assigned)
+    ]
 
 
 class Reconciles:
@@ -91,6 +105,8 @@ class Reconciles:
             run.engine_kind = assignment.get("engine")
             run.engine_endpoints = assignment.get("engine_endpoints") or {}
             run.adapters_wanted = {a["name"]: a["source"] for a in assignment.get("adapters", [])}
+            run.adapter_resolver = bool(assignment.get("adapter_resolver"))
+            run.ever_assigned = sorted(set(run.ever_assigned) | set(run.adapters_wanted))
             failures = run.adapter_failures or {}
             run.adapter_failures = {k: v for k, v in failures.items() if k in run.adapters_wanted}
         for replica, assignment in wanted.items():
@@ -359,7 +375,7 @@ class Supervisor(Reconciles):
         wanted = run.adapters_wanted or {}
         held = list(run.adapters or [])
         failures = run.adapter_failures or {}
-        unload = [a for a in held if a not in wanted]
+        unload = adapters_to_unload(run, held)
         load = [a for a in wanted if a not in held and a not in failures]
         key = run.replica + "/adapters"
         if not (unload or load) or key in self.orders:
@@ -372,6 +388,7 @@ class Supervisor(Reconciles):
                     failed = await unload_adapter(session, base, run.engine_kind, name)
                     if not failed or failed.startswith("HTTP 404"):  # it holds none: gone
                         run.adapters = [a for a in (run.adapters or []) if a != name]
+                        run.ever_assigned = [a for a in run.ever_assigned if a != name]
                 for name in load:
                     failed = await load_adapter(session, base, run.engine_kind, name, wanted[name])
                     if failed:
@@ -401,10 +418,29 @@ class Supervisor(Reconciles):
                 return
         if healthy:
             run.state, run.failed_probes, run.reason = "Ready", 0, ""
+            if run.adapter_resolver:
+                await self._read_adapters(session, run)
         elif run.state not in ("Starting", "Waking"):
             run.failed_probes += 1
             if run.failed_probes >= UNHEALTHY_AFTER:
                 run.state, run.reason = "Unhealthy", f"{run.health_path} is failing"
+
+    async def _read_adapters(self, session: aiohttp.ClientSession, run: Running) -> None:
+        """What an engine that loads adapters itself holds: the models its /v1/models lists
+        with a `parent` (vLLM's LoRA modules). Unread, it stays as last known."""
+        url = f"http://127.0.0.1:{run.port}/v1/models"
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                listed = (await resp.json(content_type=None)).get("data", [])
+                if resp.status != 200 or not isinstance(listed, list):
+                    return
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+            return
+        held = sorted(
+            str(m["id"]) for m in listed if isinstance(m, dict) and m.get("parent") and "id" in m
+        )
+        if run.replica + "/adapters" not in self.orders:  # one under way says so as it ends
+            run.adapters = held
 
     def reports(self) -> dict[str, dict]:
         out = {}

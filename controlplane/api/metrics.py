@@ -185,6 +185,16 @@ def exposition(numbers: dict, models: list[dict], stats: dict) -> str:
         ),  # fmt: skip
     )
     out += family(
+        "gpufleet_adapter_resolved_total",
+        "counter",
+        "Loads of an adapter an engine's resolver made on a first request a router sent it, by"
+        " adapter (learnt from the engine and kept as if the control plane had placed it).",
+        (
+            ({"adapter": a["name"]}, stats.get("adapter_resolved", {}).get(a["name"], 0))
+            for a in adapters
+        ),  # fmt: skip
+    )
+    out += family(
         "gpufleet_adapter_unloads_total",
         "counter",
         "Unloads of an adapter the control plane decided, by adapter.",

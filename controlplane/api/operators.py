@@ -230,6 +230,7 @@ async def metrics(request: web.Request) -> web.Response:
         "wake_totals": dict(fleet.wake_totals),
         "wake_seconds": fleet.wake_seconds.copy(),
         "adapter_loads": dict(fleet.adapter_loads),
+        "adapter_resolved": dict(fleet.adapter_resolved),
         "adapter_unloads": dict(fleet.adapter_unloads),
         "views_built": term(request).views.built,
         "gpu_seconds_last_hour": allocate(

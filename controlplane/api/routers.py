@@ -107,6 +107,7 @@ async def post_activity(request: web.Request) -> web.Response:
         tenants = fleet.ledger.check(body)  # before anything is taken from the report
         fleet.idle.report(body)
         fleet.ledger.report(body, tenants, fleet.wall())
+        fleet.take_resolve_failures(body.get("adapter_failures"))
     except ReportError as exc:
         raise ApiError(400, str(exc), "invalid_request", exc.field) from None
     # Stored before the answer (leader_only awaits it): an acknowledged goodbye survives a

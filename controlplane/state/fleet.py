@@ -60,6 +60,9 @@ class FleetSnapshot:
     # slot_id(replica, adapter) -> idle, for every adapter a replica holds
     adapter_idle: dict[str, tuple[float, IdleState]] = field(default_factory=dict)
     engine_load: dict[str, dict] = field(default_factory=dict)  # replica -> freshest reading
+    # replica -> {"ordered": adapter loads the control plane ordered there, "resolved": loads
+    # its engine made on a request}, since this leader took over
+    adapter_ways: dict[str, dict] = field(default_factory=dict)
 
 
 SWAPS_KEPT = 1000
@@ -114,6 +117,8 @@ class Fleet(Intents, TenantIntents, AgentReports):
         self.adapters: dict[str, Adapter] = kept["adapter"]
         self.adapter_loads: dict[str, int] = kept["adapter_loads"]
         self.adapter_unloads: dict[str, int] = kept["adapter_unloads"]
+        self.adapter_resolved: dict[str, int] = kept["adapter_resolved"]
+        self.adapter_ways: dict[str, dict[str, int]] = {}  # replica -> way -> loads, in memory
         self.adapter_reasons: dict[str, str] = {}  # adapter -> why it is not loaded
         self.wake_seconds = Histogram(WAKE_BUCKETS)
         # Tenants (vocabulary/tenants.py): the operator's objects, their keys as digests, and
@@ -171,8 +176,13 @@ class Fleet(Intents, TenantIntents, AgentReports):
         replica.adapter_failures = {k: v for k, v in replica.adapter_failures.items() if k != name}
         self.put_replica(replica)
         self.adapter_loads[name] = self.adapter_loads.get(name, 0) + 1
+        self.count_adapter_way(replica.id, "ordered")
         self.changed = True
         self.event(name, f"loading on {replica.id}")
+
+    def count_adapter_way(self, replica_id: str, way: str) -> None:
+        ways = self.adapter_ways.setdefault(replica_id, {"ordered": 0, "resolved": 0})
+        ways[way] += 1
 
     def unload_adapter(self, replica: Replica, name: str, why: str) -> None:
         """The safe stop of an adapter on one replica: its route there goes now; the engine
@@ -333,6 +343,7 @@ class Fleet(Intents, TenantIntents, AgentReports):
                 "adapter": self.adapters,
                 "adapter_loads": self.adapter_loads,
                 "adapter_unloads": self.adapter_unloads,
+                "adapter_resolved": self.adapter_resolved,
                 "tenant": self.tenants,
                 "tenant_key": self.tenant_keys,
                 "setting": self.settings,
@@ -411,4 +422,5 @@ class Fleet(Intents, TenantIntents, AgentReports):
                 [slot_id(r.id, a) for r in replicas for a in r.want_adapters], now
             ),
             auth=self.auth_mode,
+            adapter_ways={r: dict(ways) for r, ways in self.adapter_ways.items()},
         )

@@ -178,8 +178,8 @@ class Intents:
         for replica in self.replicas.values():
             if name in replica.want_adapters:
                 self.unload_adapter(replica, name, "adapter deleted")
-        for kept in (self.adapter_loads, self.adapter_unloads, self.demand_since,
-                     self.demanded_at):  # fmt: skip
+        for kept in (self.adapter_loads, self.adapter_unloads, self.adapter_resolved,
+                     self.demand_since, self.demanded_at):  # fmt: skip
             kept.pop(name, None)
         self.adapter_reasons.pop(name, None)
         self.events.pop(name, None)

@@ -72,6 +72,7 @@ class ModelRecords:
         "adapter",  # an operator's adapter object, kept here as one row each
         "adapter_loads",
         "adapter_unloads",
+        "adapter_resolved",  # loads an engine's resolver made itself, per adapter
         "tenant",  # an operator's tenant, one row each
         "tenant_key",  # a tenant's key, as its digest: key id -> TenantKey
         "setting",  # the fleet's own settings: "auth" ("tenants" once a tenant was applied)

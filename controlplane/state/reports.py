@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controlplane.vocabulary.errors import BadRequest
+from controlplane.vocabulary.idle import SLOT_SEP
 from controlplane.vocabulary.model import (
     GPU,
     RESIDENT,
@@ -199,9 +200,51 @@ class AgentReports:
         replica.unloading = {a: v for a, v in replica.unloading.items() if a not in gone}
         # A failed load is not tried again there: the step leaves that replica out.
         replica.want_adapters = [a for a in replica.want_adapters if a not in failures]
+        self._adopt_resolved(replica, loaded)
         replica.adapters, replica.adapter_failures = loaded, failures
         self.put_replica(replica)
         self.changed = True
+
+    def _adopt_resolved(self, replica: Replica, loaded: list[str]) -> None:
+        """An engine that loads adapters itself (`adapter_resolver`) holds one it was sent a
+        request for: kept as if placed there, and unloaded by the same rules."""
+        spec = self.specs.get(replica.model)
+        if spec is None or not spec.adapter_resolver:
+            return
+        for name in loaded:
+            adapter = self.adapters.get(name)
+            if (
+                adapter is None
+                or adapter.base != replica.model
+                or name in replica.want_adapters
+                or name in replica.unloading
+            ):
+                continue
+            replica.want_adapters = [*replica.want_adapters, name]
+            self.adapter_resolved[name] = self.adapter_resolved.get(name, 0) + 1
+            self.count_adapter_way(replica.id, "resolved")
+            self.event(name, f"loaded by the engine of {replica.id} on a first request")
+
+    def take_resolve_failures(self, failures) -> None:
+        """A router's report of requests its resolver sends could not be served: {REPLICA@ADAPTER:
+        why}. The adapter is not sent to that replica again, and no router resolves it
+        anywhere, until it is applied again; its requests wait for the control plane's own
+        placement."""
+        if not isinstance(failures, dict):
+            return
+        for endpoint, why in list(failures.items())[:100]:
+            replica_id, sep, name = str(endpoint).partition(SLOT_SEP)
+            replica = self.replicas.get(replica_id)
+            if not sep or replica is None or name not in self.adapters:
+                continue
+            if name in replica.adapter_failures:
+                continue
+            why = f"its engine could not load it on a request: {str(why)[:200]}"
+            replica.adapter_failures = {**replica.adapter_failures, name: why}
+            replica.want_adapters = [a for a in replica.want_adapters if a != name]
+            self.event(name, f"failed to load on {replica.id}: {why}")
+            self.put_replica(replica)
+            self.changed = True
 
     def _self_sleep_report(self, replica: Replica, state: str) -> str:
         """An engine that sleeps by itself (llama.cpp) and wakes on the next request is Ready
@@ -281,6 +324,8 @@ class AgentReports:
                         "rank": rank,
                         "nnodes": len(replica.placement),
                         "master_addr": leader.address if leader else "",
+                        # Its engine loads adapters itself: the agent reads what it holds.
+                        **({"adapter_resolver": True} if spec.adapter_resolver else {}),
                     }
                 )
         return out

@@ -21,6 +21,8 @@ class RouteTable:
         self.routes: dict[str, list[dict]] = {}
         self.affinity: dict[str, str] = {}  # model -> its spec's affinity, where it sets one
         self.tenants: dict = {}  # tenants' rules, shares and key digests (tenantshares.py)
+        self.resolvers: dict[str, list[dict]] = {}  # adapter -> replicas that may load it
+        self.adapters: list[str] = []  # which of the routes are LoRA adapters
         self._changed = asyncio.Event()
 
     def publish(
@@ -28,14 +30,22 @@ class RouteTable:
         routes: dict[str, list[dict]],
         affinity: dict | None = None,
         tenants: dict | None = None,
+        resolvers: dict | None = None,
+        adapters: list | None = None,
     ) -> bool:
         affinity = affinity or {}
         tenants = tenants or {}
-        if routes == self.routes and affinity == self.affinity and tenants == self.tenants:
+        resolvers = resolvers or {}
+        adapters = adapters or []
+        if (routes, affinity, tenants, resolvers, adapters) == (
+            self.routes, self.affinity, self.tenants, self.resolvers, self.adapters
+        ):  # fmt: skip
             return False
+        self.adapters = adapters
         self.routes = routes
         self.affinity = affinity
         self.tenants = tenants
+        self.resolvers = resolvers
         self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
@@ -51,6 +61,10 @@ class RouteTable:
         table = {"version": self.version, "routes": self.routes, "affinity": self.affinity}
         if self.tenants:
             table["tenants"] = self.tenants
+        if self.resolvers:
+            table["resolvers"] = self.resolvers
+        if self.adapters:
+            table["adapters"] = self.adapters
         return table
 
     async def wait_for_change(self, after: int, timeout: float) -> dict:
@@ -64,7 +78,8 @@ class RouteTable:
 
 def routing_table(specs: dict, adapters: dict, replicas: dict) -> tuple[dict, dict]:
     """{model: [{id, url}]} of Ready replicas (an adapter's endpoints are its holders), and
-    each model's affinity where its spec sets one (an adapter's is its base's)."""
+    each model's affinity where its spec sets one (an adapter's is its base's). See also
+    `resolvers`."""
     routes: dict[str, list[dict]] = {name: [] for name in sorted(specs)}
     for name in sorted(adapters):
         routes[name] = []
@@ -81,3 +96,32 @@ def routing_table(specs: dict, adapters: dict, replicas: dict) -> tuple[dict, di
         if adapter.base in affinity:
             affinity[adapter.name] = affinity[adapter.base]
     return routes, affinity
+
+
+def resolvers(specs: dict, adapters: dict, replicas: dict) -> dict[str, list[dict]]:
+    """{adapter: [{id, url}]}: for each adapter of a base whose engines load adapters
+    themselves (`adapter_resolver`), the Ready replicas of the base that do not hold it and
+    have a free adapter slot, each under the id the adapter would have there. A router sends
+    a request for the adapter to one of them when no holder can take it at once. An adapter
+    that failed to load anywhere has none until it is applied again: its requests wait for the
+    control plane's own placement."""
+    out: dict[str, list[dict]] = {}
+    for adapter in sorted(adapters.values(), key=lambda a: a.name):
+        base = specs.get(adapter.base)
+        if base is None or not base.adapter_resolver:
+            continue
+        base_replicas = [r for r in replicas.values() if r.model == adapter.base]
+        if any(adapter.name in r.adapter_failures for r in base_replicas):
+            continue
+        free = [
+            {"id": slot_id(r.id, adapter.name), "url": r.url}
+            for r in sorted(base_replicas, key=lambda r: r.id)
+            if r.state == ReplicaState.READY
+            and r.url
+            and adapter.name not in r.want_adapters
+            and adapter.name not in r.unloading
+            and len(r.want_adapters) + len(r.unloading) < base.max_adapters
+        ]
+        if free:
+            out[adapter.name] = free
+    return out

@@ -15,7 +15,7 @@ from dataclasses import replace
 from controlplane.rules.tenantshares import tenant_table
 from controlplane.rules.view import FleetView, TickSettings
 from controlplane.state.fleet import Fleet
-from controlplane.state.routetable import RouteTable, routing_table
+from controlplane.state.routetable import RouteTable, resolvers, routing_table
 from controlplane.tick.executor import Executor
 from controlplane.tick.steps import STEPS
 
@@ -116,6 +116,8 @@ class Reconciler:
             routes,
             affinity,
             tenant_table(fleet.tenants, fleet.tenant_keys, fleet.ledger, fleet.auth_mode),
+            resolvers(fleet.specs, fleet.adapters, fleet.replicas),
+            sorted(fleet.adapters),
         )
         self.executor.stamp_withdrawals(self.routes.version)
         # What this tick changed it has acted on; only news from outside wakes it again.

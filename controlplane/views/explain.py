@@ -51,6 +51,11 @@ def explain(spec: ModelSpec, default_residency_s: float) -> list[str]:
             f"each replica holds up to {spec.max_adapters} LoRA adapter(s), loaded where"
             " requests wait for them; the idlest past its idle_after makes way when all are full"
         )
+    if spec.adapter_resolver:
+        lines.append(
+            "its engines load an adapter on the first request for it: a request no holder can"
+            " take at once goes to the least-loaded replica with a free adapter slot"
+        )
     return lines
 
 

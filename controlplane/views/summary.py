@@ -161,6 +161,11 @@ def replica_row(snap: FleetSnapshot, replica, nodes: dict) -> dict:
         "sleep_level": replica.sleep,
         # its engine's own queue and KV use, as routers last read them (None: not read)
         "engine_load": snap.engine_load.get(replica.id),
+        # LoRA adapters: those it serves, those that failed to load there, and how its loads
+        # came about (ordered by the control plane, or made by its engine on a request)
+        "adapters": [a for a in replica.want_adapters if a in replica.adapters],
+        "adapter_failures": dict(replica.adapter_failures),
+        "adapter_loads": snap.adapter_ways.get(replica.id, {"ordered": 0, "resolved": 0}),
     }
 
 

@@ -200,6 +200,10 @@ class ModelSpec:
     sleep_gpu_memory_mb: int | None = None
     sleep_host_memory_mb: int | None = None
     max_adapters: int = 0  # LoRA adapters a replica holds at once (vLLM's --max-loras)
+    # Its engines load an adapter themselves on the first request for it (vLLM with
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING and a LoRA resolver plugin): routers may send such a
+    # request to a replica with a free adapter slot, and the holding is learnt from the engine.
+    adapter_resolver: bool = False
     owner: str | None = None  # the tenant its idle GPU time is charged to; None: unallocated
 
     def to_dict(self) -> dict:

@@ -67,6 +67,7 @@ SPEC_FIELDS = {
     "sleep_host_memory",
     "sleep_host_memory_mb",
     "max_adapters",
+    "adapter_resolver",
     "owner",
 }
 SLEEP_FIELDS = {"level", "after", "wake_timeout"}
@@ -364,9 +365,23 @@ def validate_spec(body) -> ModelSpec:
         target_waiting=None if target_waiting is None else float(target_waiting),
         scale_down_delay_s=parse_duration(delay, "scale_down_delay"),
         max_adapters=_positive_int(body, "max_adapters", 0, allow_zero=True),
+        adapter_resolver=parse_adapter_resolver(body),
         owner=parse_owner(body),
         **_sleep_settings(body),
     )
+
+
+def parse_adapter_resolver(body: dict) -> bool:
+    """Whether its engines load adapters themselves on a first request (needs max_adapters:
+    the free slots a router may send such a request to)."""
+    value = body.get("adapter_resolver", False)
+    if not isinstance(value, bool):
+        raise SpecError("adapter_resolver", "expected true or false")
+    if value and not body.get("max_adapters"):
+        raise SpecError(
+            "adapter_resolver", "needs max_adapters: the adapter slots a resolved load may take"
+        )
+    return value
 
 
 def parse_owner(body: dict) -> str | None:
