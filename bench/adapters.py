@@ -10,6 +10,12 @@ against the same cards three ways:
   the control plane loads them where a request waits and unloads the idlest past its
   `idle_after` under pressure, through the safe stop; the router sends a request only to a
   replica that holds its adapter.
+- `resolver`: as `adapters`, on engines that load an adapter themselves on a first request
+  (vLLM's LoRA resolver; `adapter_resolver: true`): a request that no holder can take at
+  once (every holder's `slots` busy) goes to the least-loaded replica of the base with a free
+  adapter slot, as the control plane publishes them, whose engine loads it (`--adapter-load-s`)
+  and serves it; the control plane learns the holding from the engine and keeps placing and
+  unloading by its rules.
 - `vllm-native`: every adapter registered on every replica, the router balancing over the
   base's replicas alone; each engine keeps `--max-adapters` adapters on the GPU (vLLM's
   `--max-loras`) and as many again in host memory (`--max-cpu-loras`, its default), least
@@ -29,7 +35,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,7 +51,7 @@ from bench.multiplex import (
 )
 
 BASE = "base"
-WAYS = ("adapters", "vllm-native", "models-sleep")
+WAYS = ("adapters", "resolver", "vllm-native", "models-sleep")
 
 
 def bodies_for_adapters(s: Settings, max_adapters: int, idle_after_s: float) -> list[dict]:
@@ -57,9 +63,78 @@ def bodies_for_adapters(s: Settings, max_adapters: int, idle_after_s: float) -> 
     return [base_body(s, max_adapters), *adapters]
 
 
-def base_body(s: Settings, max_adapters: int = 0) -> dict:
+def base_body(s: Settings, max_adapters: int = 0, resolver: bool = False) -> dict:
     body = {**spec_for(BASE, "pinned", s), "replicas": s.cards}
-    return body | ({"max_adapters": max_adapters} if max_adapters else {})
+    body |= {"max_adapters": max_adapters} if max_adapters else {}
+    return body | ({"adapter_resolver": True} if resolver else {})
+
+
+class ResolverEngines:
+    """Engines with a LoRA resolver and the router that uses them (router/resolvers.py): a
+    request for an adapter goes to a holder with a free slot, else to the least-loaded of its
+    resolvers (whose engine loads it first), else to the least-loaded holder, else waits for
+    the control plane as before."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+
+    def install(self) -> None:
+        sim = self.sim
+        router = sim.router
+        arrive = router.arrive
+        sim.serves = lambda engine, request, now: engine.state == "ready"
+        start = sim.start
+
+        def start_loading(engine: Engine, request: Request, extra_s: float = 0.0) -> None:
+            now = sim.events.now
+            adapter = request.model
+            if adapter != BASE:
+                loaded_at = engine.adapters.get(adapter)
+                if loaded_at is None:  # its resolver loads it, then reports it held
+                    loaded_at = engine.adapters[adapter] = now + sim.timing.adapter_load_s
+                    sim.count("adapter_loads")
+                    node = sim.nodes[engine.cards[0][0]]
+                    sim.events.at(loaded_at, node.beat)
+                extra_s = max(extra_s, loaded_at - now)
+            start(engine, request, extra_s)
+
+        def arrive_here(request: Request) -> None:
+            holders = router.routes.get(request.model) or []
+            free = [e for e in holders if self.free(e)]
+            resolvers = router.resolvers.get(request.model) or []
+            if free:
+                self.send(request, free)
+            elif resolvers:
+                self.send(request, resolvers)
+            else:
+                arrive(request)
+
+        sim.start = start_loading
+        router.arrive = arrive_here
+
+    def free(self, endpoint: str) -> bool:
+        engine = self.sim.engine(endpoint)
+        return (
+            engine is not None
+            and engine.state == "ready"
+            and len(engine.running) + len(engine.queue) < self.sim.timing.slots
+        )
+
+    def send(self, request: Request, endpoints: list[str]) -> None:
+        """To the endpoint whose replica carries the fewest of this router's requests."""
+        router, sim = self.router, self.sim
+        load = defaultdict(int)
+        for endpoint, n in router.in_flight.items():
+            load[endpoint.partition("@")[0]] += n
+        endpoint = min(endpoints, key=lambda e: (load[e.partition("@")[0]], e))
+        request.replica = endpoint
+        router.in_flight[endpoint] += 1
+        router.last_used[endpoint] = sim.events.now
+        sim.serve(request, endpoint)
+
+    @property
+    def router(self):
+        return self.sim.router
 
 
 class NativeLoraCache:
@@ -134,6 +209,19 @@ def compare(
             if way == "adapters":
                 bodies = bodies_for_adapters(s, max_adapters, idle_after_s)
                 out[way] = run("pinned", arrivals, s, Path(tmp), bodies, warm=[], cards=s.cards)
+            elif way == "resolver":
+                bodies = bodies_for_adapters(s, max_adapters, idle_after_s)
+                bodies[0] = base_body(s, max_adapters, resolver=True)
+                out[way] = run(
+                    "resolver",
+                    arrivals,
+                    s,
+                    Path(tmp),
+                    bodies,
+                    warm=[],
+                    cards=s.cards,
+                    prepare=lambda sim: ResolverEngines(sim).install(),
+                )
             elif way == "vllm-native":
                 out[way] = run(
                     "native",
@@ -200,7 +288,7 @@ def main() -> None:
         "--ways",
         nargs="+",
         choices=WAYS,
-        default=["adapters", "vllm-native"],
+        default=["adapters", "resolver", "vllm-native"],
         help="models-sleep (each fine-tune a model that sleeps) cold-starts every one in its"
         " warm-up: minutes more per hundred fine-tunes",
     )
@@ -222,7 +310,7 @@ def main() -> None:
         f"{args.adapters} fine-tunes on {args.cards} cards ({args.max_adapters} adapters a"
         f" replica), {args.minutes:g} min at {args.rate:g} req/s, CV {args.cv:g}, Zipf"
         f" {args.zipf:g}; SLO {args.slo:g} s; adapters' idle_after {args.idle_after:g} s;"
-        f" ways: {', '.join(args.ways)} (about a minute each on two cores"
+        f" ways: {', '.join(args.ways)} (10-20 s each on two cores"
         + ("; models-sleep far longer" if "models-sleep" in args.ways else "")
         + ")",
         flush=True,

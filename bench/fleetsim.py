@@ -130,6 +130,7 @@ class Engine:
     running: set = field(default_factory=set)
     queue: deque = field(default_factory=deque)
     adapters: dict[str, float] = field(default_factory=dict)  # name -> loaded from then
+    assigned: set = field(default_factory=set)  # adapters it was ever told to hold
     cards: list = field(default_factory=list)  # (node, index) of each of its cards
     speed: float = 1.0  # of its speed alone: 1/k while k engines on a card of it run requests
 
@@ -189,7 +190,12 @@ class Node:
                 sim.count("wakes")
                 self.move_soon()
             wanted_adapters = [x["name"] for x in a.get("adapters", ())]
-            for name in [n for n in engine.adapters if n not in wanted_adapters]:
+            engine.assigned.update(wanted_adapters)
+            # Only what it was told to hold is unloaded: an engine that loads adapters itself
+            # may hold one the control plane has not taken on yet (the agent's rule).
+            for name in [n for n in engine.adapters
+                         if n not in wanted_adapters and n in engine.assigned]:  # fmt: skip
+                engine.assigned.discard(name)
                 sim.cut_adapter(engine, name)
                 del engine.adapters[name]
                 sim.count("adapter_unloads")
@@ -260,6 +266,7 @@ class Router:
     def __init__(self, sim: Sim) -> None:
         self.sim = sim
         self.routes: dict[str, list[str]] = {}
+        self.resolvers: dict[str, list[str]] = {}  # adapter -> endpoints that may load it
         self.version = 0
         self.in_flight: dict[str, int] = defaultdict(int)
         self.last_used: dict[str, float] = {}
@@ -267,11 +274,12 @@ class Router:
         self.parked: dict[str, deque] = defaultdict(deque)
         self.route_of = lambda model: model  # the route a request for `model` takes
 
-    def take_routes(self, routes: dict, version: int) -> None:
+    def take_routes(self, routes: dict, version: int, resolvers: dict | None = None) -> None:
         now = self.sim.events.now
         if version <= self.version:
             return
         self.routes, self.version = routes, version
+        self.resolvers = resolvers or {}
         ids = {rid for eps in routes.values() for rid in eps}
         self.watched_since = {rid: self.watched_since.get(rid, now) for rid in ids}
         for model, waiting in self.parked.items():
@@ -388,8 +396,9 @@ class Sim:
         if table.version != self.published:
             self.published = table.version
             routes = {m: [e["id"] for e in eps] for m, eps in table.routes.items()}
+            resolvers = {a: [e["id"] for e in eps] for a, eps in table.resolvers.items()}
             self.events.at(now + self.timing.route_delay_s, self.router.take_routes, routes,
-                           table.version)  # fmt: skip
+                           table.version, resolvers)  # fmt: skip
         for node in self.nodes.values():
             if digest(self.fleet.assignments(node.name)) != node.held:
                 self.events.at(now + self.timing.order_delay_s, node.take_orders)

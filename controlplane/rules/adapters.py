@@ -193,7 +193,30 @@ def plan_adapters(inputs: AdapterInputs) -> AdapterPlan:
         )
         freeing.add(replica.id)
         plan.reasons[adapter.name] = f"waiting for {name} to unload from {replica.id}"
+    _keep_a_slot_free(inputs, ready, room, freeing, plan)
     return plan
+
+
+def _keep_a_slot_free(inputs, ready: dict, room: dict, freeing: set, plan: AdapterPlan) -> None:
+    """A base whose engines load adapters themselves (`adapter_resolver`) keeps a slot free
+    on each replica, for a request no holder can take at once to land on: a full replica
+    gives up its adapter idle longest past its idle_after, as it would for a waiting one."""
+    for base_name, replicas in ready.items():
+        base = inputs.specs.get(base_name)
+        if base is None or not base.adapter_resolver or not base.max_adapters:
+            continue
+        room_for = Adapter("a free slot", base_name, "", priority=1 << 30)
+        for replica in replicas:
+            if room[replica.id] < base.max_adapters or replica.id in freeing:
+                continue
+            victim, _ = _idlest(room_for, [replica], inputs)
+            if victim is None:
+                continue
+            name, _, seconds, state = victim
+            bound = "≥" if state == IdleState.AT_LEAST else ""
+            why = f"a slot kept free for its engine: idle {bound}{format_duration(seconds)}"
+            plan.unloads.append((name, replica, why))
+            freeing.add(replica.id)
 
 
 def _idlest(adapter: Adapter, candidates: list[Replica], inputs: AdapterInputs):

@@ -208,3 +208,15 @@ def test_a_failed_sleep_order_is_reported_and_the_engine_keeps_serving(superviso
     supervisor.reconcile([{**a, "sleep": 2}])
     asyncio.run(settle(supervisor, lambda: "sleep failed: HTTP 404" in run.reason))
     assert run.state == "Ready"
+
+
+def test_an_engine_that_loads_adapters_itself_keeps_those_it_was_never_told_to_hold():
+    from controlplane.agent.supervisor import Running, adapters_to_unload
+
+    run = Running("r", "llama", 1, 8000, [], [0], 0, "/health", 0.0)
+    run.adapters_wanted = {"a1": "s3://a1"}
+    run.ever_assigned = ["a1", "a2"]
+    held = ["a1", "a2", "a3"]  # a3: loaded by its resolver on a request, not yet taken on
+    assert adapters_to_unload(run, held) == ["a2", "a3"], "an engine of the plain kind"
+    run.adapter_resolver = True
+    assert adapters_to_unload(run, held) == ["a2"], "only what it was told, then not"

@@ -327,3 +327,120 @@ def test_an_adapter_ordered_out_is_held_again_only_once_its_engine_says_so(serve
     reconciler.tick()
     slot = slot_id(victim_replica.id, victim)
     assert slot not in [e["id"] for e in reconciler.routes.routes[victim]]
+
+
+@pytest.fixture
+def resolving(make_fleet, clock):
+    """llama on two replicas of 2 adapter slots whose engines load adapters themselves."""
+    fleet, reconciler = make_fleet()
+    fleet.register(make_node("n1", gpus=2))
+    fleet.apply(base(adapter_resolver=True))
+    reconciler.tick()
+    engines_obey(fleet)
+    reconciler.tick()
+    router = ReportingRouter(fleet, reconciler)
+    router.report()
+    return fleet, reconciler, router
+
+
+def engine_loads(fleet, replica_id, *names):
+    """The engine of `replica_id` loaded `names` on requests, besides what it was told to."""
+    reports = {}
+    for i, a in enumerate(fleet.assignments("n1")):
+        held = [x["name"] for x in a["adapters"]]
+        if a["replica"] == replica_id:
+            held += [n for n in names if n not in held]
+        reports[a["replica"]] = {
+            "state": "Ready", "url": f"http://127.0.0.1:{9000 + i}", "adapters": held,
+        }  # fmt: skip
+    fleet.heartbeat("n1", {"replicas": reports})
+
+
+def test_a_resolving_base_publishes_its_free_slots_and_keeps_what_its_engines_load(resolving):
+    fleet, reconciler, router = resolving
+    for name in ("a1", "a2"):
+        fleet.apply_adapter(adapter(name))
+    reconciler.tick()
+    first, second = sorted(fleet.replicas)
+    table = reconciler.routes.as_json()
+    assert table["adapters"] == ["a1", "a2"]
+    assert [e["id"] for e in table["resolvers"]["a1"]] == [slot_id(first, "a1"),
+                                                          slot_id(second, "a1")]  # fmt: skip
+    engine_loads(fleet, first, "a1")  # a router sent it a request for a1
+    reconciler.tick()
+    assert holders(fleet, "a1") == [first], "kept as if placed there"
+    assert fleet.adapter_resolved["a1"] == 1 and fleet.adapter_loads.get("a1", 0) == 0
+    assert [e["id"] for e in reconciler.routes.routes["a1"]] == [slot_id(first, "a1")]
+    assert [e["id"] for e in reconciler.routes.resolvers["a1"]] == [slot_id(second, "a1")]
+    assert "a1" in [a["name"] for a in fleet.assignments("n1")[0]["adapters"]] + [
+        a["name"] for a in fleet.assignments("n1")[1]["adapters"]
+    ]
+    engine_loads(fleet, first, "a1", "a2")
+    reconciler.tick()
+    assert [e["id"] for e in reconciler.routes.resolvers["a2"]] == [slot_id(second, "a2")]
+    assert [e["id"] for e in reconciler.routes.resolvers.get("a1", [])] == [slot_id(second, "a1")]
+
+
+def test_a_base_without_a_resolver_publishes_none_and_adopts_nothing(served):
+    fleet, reconciler, router = served
+    fleet.apply_adapter(adapter("a1"))
+    reconciler.tick()
+    assert reconciler.routes.resolvers == {}
+    engine_loads(fleet, sorted(fleet.replicas)[0], "a1")
+    reconciler.tick()
+    assert holders(fleet, "a1") == [] and not fleet.adapter_resolved.get("a1")
+
+
+def test_a_full_resolving_replica_frees_a_slot_from_its_idlest_adapter_only(resolving, clock):
+    fleet, reconciler, router = resolving
+    for name in ("a1", "a2", "a3"):
+        fleet.apply_adapter(adapter(name, idle_after="1m"))
+    reconciler.tick()
+    first = sorted(fleet.replicas)[0]
+    engine_loads(fleet, first, "a1", "a2")
+    reconciler.tick()
+    assert holders(fleet, "a1") == holders(fleet, "a2") == [first]
+    a1, a2 = slot_id(first, "a1"), slot_id(first, "a2")
+    tick_for(fleet, reconciler, router, clock, 30, used={a1: 0.0})
+    assert not fleet.replicas[first].unloading, "nothing idle past its idle_after yet"
+    assert all(slot_id(first, "a3") != e["id"] for e in reconciler.routes.resolvers["a3"])
+    tick_for(fleet, reconciler, router, clock, 40, in_flight={a1: 1})
+    assert not fleet.replicas[first].unloading, "a2 idle 40 s of its minute"
+    tick_for(fleet, reconciler, router, clock, 30, in_flight={a1: 1})
+    assert list(fleet.replicas[first].unloading) == ["a2"], "the idle one, not the busy one"
+    assert fleet.adapter_unloads["a2"] == 1
+    tick_for(fleet, reconciler, router, clock, 1)
+    tick_for(fleet, reconciler, router, clock, 1)
+    assert holders(fleet, "a1") == [first] and not holders(fleet, "a2")
+    assert slot_id(first, "a3") in [e["id"] for e in reconciler.routes.resolvers["a3"]]
+
+
+def test_a_router_reported_resolver_failure_keeps_the_adapter_off_resolvers_until_reapplied(
+    resolving,
+):
+    fleet, reconciler, router = resolving
+    fleet.apply_adapter(adapter("a1"))
+    reconciler.tick()
+    first = sorted(fleet.replicas)[0]
+    fleet.take_resolve_failures({slot_id(first, "a1"): "HTTP 404", "nobody@a1": "x", 3: 4})
+    fleet.take_resolve_failures("not a map")
+    reconciler.tick()
+    assert "a1" in fleet.replicas[first].adapter_failures
+    assert "a1" not in reconciler.routes.resolvers, "its requests wait for the control plane"
+    router.report(waiting={"a1": 1})
+    reconciler.tick()
+    assert holders(fleet, "a1") == [sorted(fleet.replicas)[1]], "placed, never where it failed"
+    fleet.apply_adapter(adapter("a1", idle_after="5m"))
+    engines_obey(fleet)
+    reconciler.tick()
+    assert "a1" not in fleet.replicas[first].adapter_failures, "applied again: tried again"
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_adapter_resolver_must_be_a_boolean_with_max_adapters(make_fleet, value):
+    fleet, _ = make_fleet()
+    with pytest.raises(BadRequest, match="adapter_resolver"):
+        fleet.apply(spec(name="llama", adapter_resolver=value, max_adapters=2))
+    with pytest.raises(BadRequest, match="needs max_adapters"):
+        fleet.apply(spec(name="llama", adapter_resolver=True))
+    assert "llama" not in fleet.specs
