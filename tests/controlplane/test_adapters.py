@@ -400,7 +400,7 @@ def test_a_full_resolving_replica_frees_a_slot_from_its_idlest_adapter_only(reso
     engine_loads(fleet, first, "a1", "a2")
     reconciler.tick()
     assert holders(fleet, "a1") == holders(fleet, "a2") == [first]
-    a1, a2 = slot_id(first, "a1"), slot_id(first, "a2")
+    a1 = slot_id(first, "a1")
     tick_for(fleet, reconciler, router, clock, 30, used={a1: 0.0})
     assert not fleet.replicas[first].unloading, "nothing idle past its idle_after yet"
     assert all(slot_id(first, "a3") != e["id"] for e in reconciler.routes.resolvers["a3"])
