@@ -18,6 +18,7 @@ cdef struct Slot:
     # The engine's own load, as the load reader last read it (router/engineload.py):
     int32_t engine_load      # its waiting + running, less this router's requests on it then
     int32_t kv_full          # its KV-cache use above the table's threshold
+    int32_t queueing         # requests waited in its queue: a new one would wait too
     int64_t load_until_ns    # the reading is used until then; 0: no reading
 
 

@@ -87,6 +87,13 @@ cdef inline bint kv_full(Slot* s, int64_t now) noexcept nogil:
     return s.kv_full and s.load_until_ns > now
 
 
+cdef inline bint cannot_start(Slot* s, int64_t now) noexcept nogil:
+    # At a fresh reading, a request sent there would wait: its KV cache is full, or requests
+    # wait in its queue. A key's replica is then worth no more than any other (its cache
+    # saves a prefill only once the request runs): the same test as fastpath_py.cannot_start.
+    return (s.kv_full or s.queueing) and s.load_until_ns > now
+
+
 cdef inline bint is_excluded(int32_t slot, int32_t* excluded, int32_t n_excluded) noexcept nogil:
     cdef int32_t i
     for i in range(n_excluded):
@@ -249,9 +256,9 @@ cdef class EndpointTable:
         if key != 0:
             # Most often the key's own endpoint is within the bound: no second pass then.
             s = &self._slots[top]
-            if within_bound(slot_load(s, now), usable, self.load_factor, model_load) and not kv_full(
-                s, now
-            ):
+            if within_bound(
+                slot_load(s, now), usable, self.load_factor, model_load
+            ) and not cannot_start(s, now):
                 best = top
             else:
                 best = self._keyed_pick(
@@ -274,7 +281,7 @@ cdef class EndpointTable:
         for i in range(mdl.count):
             slot = self._model_slots[mdl.first + i]
             s = &self._slots[slot]
-            if s.ejected_until_ns != 0 or kv_full(s, now) or not within_bound(
+            if s.ejected_until_ns != 0 or cannot_start(s, now) or not within_bound(
                 slot_load(s, now), usable, self.load_factor, model_load
             ):
                 continue
@@ -560,6 +567,7 @@ cdef class EndpointTable:
                 s = &self._slots[slot]
                 s.engine_load = <int32_t>max(0, min(load - mark, 1 << 30))
                 s.kv_full = kv_use > self.kv_threshold
+                s.queueing = waiting > 0
                 s.load_until_ns = self._now() + <int64_t>(valid_s * 1e9)
                 self._readings = True
                 taken = True

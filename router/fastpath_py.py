@@ -53,6 +53,7 @@ class _Slot:
         "id_hash",
         "engine_load",
         "kv_full",
+        "queueing",
         "load_until_ns",
     )
 
@@ -61,6 +62,7 @@ class _Slot:
         self.id_hash = 0
         self.engine_load = 0
         self.kv_full = False
+        self.queueing = False
         self.load_until_ns = 0
         self.in_flight = 0
         self.last_used_ns = _NEVER
@@ -81,6 +83,12 @@ def _load(s: _Slot, now: int) -> int:
 
 def _kv_full(s: _Slot, now: int) -> bool:
     return s.kv_full and s.load_until_ns > now
+
+
+def cannot_start(s: _Slot, now: int) -> bool:
+    """At a fresh reading, a request sent there would wait: its KV cache is full, or requests
+    wait in its queue. A key's replica is then worth no more than any other."""
+    return (s.kv_full or s.queueing) and s.load_until_ns > now
 
 
 class _Model:
@@ -200,7 +208,7 @@ class EndpointTable:
             if (
                 s.ejected_until_ns != 0
                 or slot in exclude
-                or _kv_full(s, now)
+                or cannot_start(s, now)
                 or not within_bound(_load(s, now), usable, self.load_factor, model_load)
                 or (self.max_in_flight > 0 and s.in_flight >= self.max_in_flight)
             ):
@@ -366,6 +374,7 @@ class EndpointTable:
             s = self._slots[slot]
             s.engine_load = max(0, min(max(0, waiting) + max(0, running) - mark, 1 << 30))
             s.kv_full = kv_use > self.kv_threshold
+            s.queueing = waiting > 0
             s.load_until_ns = self._now() + int(valid_s * 1e9)
             self._readings = True
             return True

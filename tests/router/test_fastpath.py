@@ -356,6 +356,32 @@ def test_affinity_passes_over_a_replica_whose_kv_cache_is_full(loaded_table):
     assert table.acquire("m", key) == preferred
 
 
+def test_affinity_passes_over_a_replica_whose_engine_queues_while_another_can_start_it(
+    loaded_table,
+):
+    table = loaded_table
+    key = 12345
+    preferred = table.acquire("m", key)
+    table.release(preferred)
+    eid = table.endpoint_id(preferred)
+    others = [slot_of(table, e) for e in "abc" if e != eid]
+    # One request waits in its engine (within the load bound: 1 of a model load of 4): a
+    # request sent there would wait too, while the others start it at once.
+    table.set_load(preferred, eid, 1, 1, 0.1, 0, 1.0)
+    for slot in others:
+        table.set_load(slot, table.endpoint_id(slot), 0, 1, 0.1, 0, 1.0)
+    assert table.acquire("m", key) in others
+    table.release(others[0])
+    table.release(others[1])
+    table.set_load(preferred, eid, 0, 2, 0.1, 0, 1.0)
+    assert table.acquire("m", key) == preferred, "its queue emptied: the key's replica again"
+    table.release(preferred)
+    for slot in others:  # every engine queues: the least loaded, as without a key
+        table.set_load(slot, table.endpoint_id(slot), 3, 4, 0.1, 0, 1.0)
+    table.set_load(preferred, eid, 1, 4, 0.1, 0, 1.0)
+    assert table.acquire("m", key) == preferred
+
+
 def test_the_in_flight_cap_stays_on_this_routers_own_requests(loaded_table):
     from router import fastpath_py
 
