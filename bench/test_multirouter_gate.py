@@ -1,10 +1,10 @@
 """Several routers routing on what the engines report, gated on the goal as written, on three short
 traces pooled (bench/multirouter.py): three routers in front of eight queueing sim engines, the same
-bursty trace for (a) each router's own counts and (b) engine-reported load, both at the
-router's defaults otherwise.
+bursty trace for (a) each router's own counts, affinity off, and (c) what a user gets by
+default: engine-reported load with prefix affinity.
 
 - nothing lost under either (the first test);
-- (b)'s p99 time to first token at least 30% under (a)'s: p99(b) <= 0.7 x p99(a) (the second:
+- (c)'s p99 time to first token at least 30% under (a)'s: p99(c) <= 0.7 x p99(a) (the second:
   not reached on these traces, so expected to fail, strictly: the day it passes, it fails as
   unexpectedly passing and moves to the first).
 
@@ -26,31 +26,34 @@ def rows(tmp_path_factory):
 
     procs = Processes(tmp_path_factory.mktemp("multirouter"))
     try:
-        found = {row["policy"]: row for row in compare(procs, SECONDS, ["a", "b"], SEEDS)}
+        found = {row["policy"]: row for row in compare(procs, SECONDS, ["a", "c"], SEEDS)}
     finally:
         procs.stop_all()
-    a, b = found["a"], found["b"]
+    a, c = found["a"], found["c"]
     record(
         f"multirouter (3 routers, 8 engines, 3 bursty traces of {SECONDS:g} s): p99 TTFT own counts"
-        f" {a['ttft_p99_ms']:.0f} ms, engine-reported {b['ttft_p99_ms']:.0f} ms"
-        f" ({b['ttft_p99_ms'] / a['ttft_p99_ms']:.2f}x); mean {a['ttft_mean_ms']:.0f} /"
-        f" {b['ttft_mean_ms']:.0f} ms; queue spread {a['queue_spread']} / {b['queue_spread']}"
+        f" {a['ttft_p99_ms']:.0f} ms, the defaults (engine-reported load, prefix affinity)"
+        f" {c['ttft_p99_ms']:.0f} ms ({c['ttft_p99_ms'] / a['ttft_p99_ms']:.2f}x); mean"
+        f" {a['ttft_mean_ms']:.0f} / {c['ttft_mean_ms']:.0f} ms; queue spread"
+        f" {a['queue_spread']} / {c['queue_spread']}; prefix hits {a['prefix_hit_rate']} /"
+        f" {c['prefix_hit_rate']}"
     )
     return found
 
 
 def test_routing_on_engine_reported_load_loses_nothing(rows):
-    a, b = rows["a"], rows["b"]
-    assert a["lost"] == 0 and b["lost"] == 0, rows
-    assert a["requests"] == b["requests"] > 1000, "the same trace for both"
+    a, c = rows["a"], rows["c"]
+    assert a["lost"] == 0 and c["lost"] == 0, rows
+    assert a["requests"] == c["requests"] > 1000, "the same trace for both"
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="measured 0.92x to 1.51x on these pooled traces (goal 0.7x): their tail is bursts"
-    " over the engines' capacity, where every request waits for a place whichever replica it"
-    " chose; the 60 s trace of bench.multirouter reaches 0.33x",
+    reason="the defaults measured 1.00x own counts on these pooled traces (3,897 against 3,915"
+    " ms; goal 0.7x): their tail is bursts over the engines' capacity, where every request"
+    " waits for a place whichever replica it chose, and every prompt root is unique, so"
+    " prefix affinity buys no hit (0.354 both ways) and can only spread within its bound",
 )
-def test_engine_reported_load_cuts_the_p99_ttft_of_three_routers_by_30_percent(rows):
-    a, b = rows["a"], rows["b"]
-    assert b["ttft_p99_ms"] <= 0.7 * a["ttft_p99_ms"], rows
+def test_the_defaults_cut_the_p99_ttft_of_three_routers_by_30_percent(rows):
+    a, c = rows["a"], rows["c"]
+    assert c["ttft_p99_ms"] <= 0.7 * a["ttft_p99_ms"], rows
