@@ -35,9 +35,13 @@ def engines_obey(fleet, failing=()):
 @pytest.fixture
 def served(make_fleet, clock):
     """llama on two replicas (2 adapters each), Ready, with a router watching them."""
+    return ready_base(make_fleet, base())
+
+
+def ready_base(make_fleet, body):
     fleet, reconciler = make_fleet()
     fleet.register(make_node("n1", gpus=2))
-    fleet.apply(base())
+    fleet.apply(body)
     reconciler.tick()
     engines_obey(fleet)
     reconciler.tick()
@@ -332,15 +336,7 @@ def test_an_adapter_ordered_out_is_held_again_only_once_its_engine_says_so(serve
 @pytest.fixture
 def resolving(make_fleet, clock):
     """llama on two replicas of 2 adapter slots whose engines load adapters themselves."""
-    fleet, reconciler = make_fleet()
-    fleet.register(make_node("n1", gpus=2))
-    fleet.apply(base(adapter_resolver=True))
-    reconciler.tick()
-    engines_obey(fleet)
-    reconciler.tick()
-    router = ReportingRouter(fleet, reconciler)
-    router.report()
-    return fleet, reconciler, router
+    return ready_base(make_fleet, base(adapter_resolver=True))
 
 
 def engine_loads(fleet, replica_id, *names):
