@@ -144,11 +144,33 @@ def _download_sdist(version: str, into: Path) -> Path:
 
 def _unpack(sdist: Path, into: Path) -> Path:
     with tarfile.open(sdist) as archive:
-        archive.extractall(into, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(into, filter="data")
+        else:  # Python before 3.11.4 has no extraction filters: the same refusals, by hand
+            archive.extractall(into, members=_inside(archive, into))
     sources = [p / "llama.cpp" for p in into.iterdir() if (p / "llama.cpp").is_dir()]
     if not sources:
         raise RuntimeError(f"{sdist.name} holds no llama.cpp source tree")
     return sources[0]
+
+
+def _inside(archive: tarfile.TarFile, into: Path) -> list[tarfile.TarInfo]:
+    """The members the "data" filter lets through: files, folders and links that stay inside
+    `into`; anything else is refused."""
+    root = into.resolve()
+    members = []
+    for member in archive.getmembers():
+        target = (root / member.name).resolve()
+        if not target.is_relative_to(root):
+            raise RuntimeError(f"{member.name}: outside the folder it is unpacked to")
+        if member.issym() or member.islnk():
+            base = target.parent if member.issym() else root
+            if not (base / member.linkname).resolve().is_relative_to(root):
+                raise RuntimeError(f"{member.name}: a link out of the folder it is unpacked to")
+        elif not (member.isfile() or member.isdir()):
+            raise RuntimeError(f"{member.name}: neither a file, a folder nor a link")
+        members.append(member)
+    return members
 
 
 def _cmake() -> str:
