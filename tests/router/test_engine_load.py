@@ -84,6 +84,13 @@ async def engines(faults: list[str]):
     return runners, urls, sims
 
 
+async def stop_all(reader, sims, runners) -> None:
+    reader.stop()
+    sims[0].scheduler.running = 0
+    for runner in runners:
+        await runner.cleanup()
+
+
 def open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -160,10 +167,7 @@ def test_a_reading_steers_picks_and_its_end_gives_them_back_to_own_counts():
             await asyncio.sleep(reader.quiet_valid_s + 0.1)
             assert table.load_of(slot_a) == (0, False, False)
         finally:
-            reader.stop()
-            sims[0].scheduler.running = 0
-            for runner in runners:
-                await runner.cleanup()
+            await stop_all(reader, sims, runners)
 
     asyncio.run(scenario())
 
@@ -294,9 +298,6 @@ def test_a_quiet_engine_is_read_every_few_rounds_until_its_reading_changes():
             moving_reads = reader.outcomes["ok"] - reads
             assert moving_reads >= reader.rounds - rounds - QUIET_EVERY, "at most one quiet wait"
         finally:
-            reader.stop()
-            sims[0].scheduler.running = 0
-            for runner in runners:
-                await runner.cleanup()
+            await stop_all(reader, sims, runners)
 
     asyncio.run(scenario())
