@@ -241,7 +241,8 @@ class AgentReports:
                 continue
             why = f"its engine could not load it on a request: {str(why)[:200]}"
             replica.adapter_failures = {**replica.adapter_failures, name: why}
-            replica.want_adapters = [a for a in replica.want_adapters if a != name]
+            if name in replica.want_adapters:  # ordered there meanwhile: the one safe stop
+                self.unload_adapter(replica, name, why)
             self.event(name, f"failed to load on {replica.id}: {why}")
             self.put_replica(replica)
             self.changed = True
