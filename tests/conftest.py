@@ -1,6 +1,7 @@
 import os
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -61,14 +62,44 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=_group)  # stable: each group keeps its order
 
 
+def _start_background_build(config) -> None:
+    from tests.llama_cpp.background import BackgroundBuild
+
+    config.llama_background = BackgroundBuild()
+    config.llama_background.start()
+
+
+def _in_a_worker(config) -> bool:
+    return hasattr(config, "workerinput")  # pytest-xdist's worker processes
+
+
 def pytest_collection_finish(session):
     """llama-server, if it must be built, is built while the other tests run
     (tests/llama_cpp/background.py)."""
+    if _in_a_worker(session.config):
+        return  # the run's controller builds it, once for all its workers
     if any(_group(item) == 1 for item in session.items):
-        from tests.llama_cpp.background import BackgroundBuild
+        _start_background_build(session.config)
 
-        session.config.llama_background = BackgroundBuild()
-        session.config.llama_background.start()
+
+def _names_llama_tests(config) -> bool:
+    """Whether the run's arguments take in tests/llama_cpp: a controller of workers collects
+    nothing, so it knows the run only by its arguments."""
+    llama = (config.rootpath / LLAMA_TESTS).resolve()
+    for arg in config.args:
+        path = Path(arg.split("::")[0]).resolve()
+        if path == llama or path in llama.parents or llama in path.parents:
+            return True
+    return False
+
+
+def pytest_sessionstart(session):
+    """With workers (`-n`), the controller starts the build; the llama tests in the workers
+    wait on its lock (tests/llama_cpp/build.py)."""
+    config = session.config
+    if config.pluginmanager.hasplugin("dsession") and not _in_a_worker(config):
+        if _names_llama_tests(config):
+            _start_background_build(config)
 
 
 @pytest.hookimpl(trylast=True)

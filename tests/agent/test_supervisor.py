@@ -39,6 +39,17 @@ async def settle(supervisor, until, timeout=15.0):
             await asyncio.sleep(0.1)
 
 
+def environ_once_started(pid: int, timeout: float = 10.0) -> list[bytes]:
+    """The environment of a process just spawned: between its fork and its exec, /proc shows
+    an empty one (or its parent's, with none of the assignment's variables)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        if b"EXTRA=1" in env or time.monotonic() > deadline:
+            return env
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def supervisors(tmp_path):
     made = []
@@ -57,7 +68,7 @@ def test_start_ready_then_unassigned_is_stopped(supervisors):
     supervisor = supervisors()
     supervisor.reconcile([assignment("r1", gpus=(2, 3))])
     run = supervisor.running["r1"]
-    env = open(f"/proc/{run.pid}/environ", "rb").read().split(b"\0")
+    env = environ_once_started(run.pid)
     assert b"CUDA_VISIBLE_DEVICES=2,3" in env and b"EXTRA=1" in env and b"NODE_RANK=0" in env
     asyncio.run(settle(supervisor, lambda: supervisor.reports()["r1"]["state"] == "Ready"))
     assert supervisor.reports()["r1"]["url"] == f"http://127.0.0.1:{run.port}"
@@ -89,6 +100,8 @@ def test_a_restarted_agent_adopts_or_stops_what_it_started(supervisors):
     first = supervisors()
     first.reconcile([assignment("keep"), assignment("drop", gpus=(1,))])
     keep, drop = first.running["keep"].pid, first.running["drop"].pid
+    for pid in (keep, drop):
+        environ_once_started(pid)  # a process not yet past its exec is not the one recorded
     second = supervisors()  # a new agent on the same state directory
     assert set(second.running) == {"keep", "drop"}
     second.reconcile([assignment("keep")])
@@ -122,7 +135,7 @@ def test_env_from_is_read_on_the_node_and_a_missing_source_fails_clearly(
     }
     supervisor.reconcile([given])
     run = supervisor.running["r1"]
-    env = open(f"/proc/{run.pid}/environ", "rb").read().split(b"\0")
+    env = environ_once_started(run.pid)
     assert b"HF_TOKEN=hf_from_a_file" in env and b"API_KEY=sk-from-the-agent" in env
     missing = {**assignment("r2"), "env_from": {"HF_TOKEN": {"file": str(tmp_path / "none")}}}
     supervisor.reconcile([given, missing])
