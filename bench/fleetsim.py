@@ -40,6 +40,7 @@ from controlplane.rules.pacing import HeartbeatPacing
 from controlplane.server import PACED_TICK_S
 from controlplane.server import Settings as ServerSettings
 from controlplane.state.orders import digest
+from controlplane.state.routetable import resolver_endpoints
 from router.context import ProxyConfig
 from router.server import RouterSettings
 
@@ -396,7 +397,11 @@ class Sim:
         if table.version != self.published:
             self.published = table.version
             routes = {m: [e["id"] for e in eps] for m, eps in table.routes.items()}
-            resolvers = {a: [e["id"] for e in eps] for a, eps in table.resolvers.items()}
+            resolvers = {
+                adapter: [e["id"] for e in resolver_endpoints(table.resolvers, adapter)]
+                for entry in table.resolvers.values()
+                for adapter in entry["adapters"]
+            }
             self.events.at(now + self.timing.route_delay_s, self.router.take_routes, routes,
                            table.version, resolvers)  # fmt: skip
         for node in self.nodes.values():

@@ -499,12 +499,16 @@ cdef class EndpointTable:
                         used[endpoint_id] = 0.0
                     continue
                 endpoint_id = ids[slot]
-                watched[endpoint_id] = max(0.0, (now - copy[slot].watched_since_ns) / 1e9)
+                # One id may stand in two routes (a replica and its base's resolver route): the
+                # longest watched and the latest use speak for it.
+                seen = max(0.0, (now - copy[slot].watched_since_ns) / 1e9)
+                watched[endpoint_id] = max(watched.get(endpoint_id, 0.0), seen)
                 if copy[slot].in_flight > 0:
                     used[endpoint_id] = 0.0
                     in_flight[endpoint_id] = in_flight.get(endpoint_id, 0) + copy[slot].in_flight
                 elif copy[slot].last_used_ns != NEVER:
-                    used.setdefault(endpoint_id, max(0.0, (now - copy[slot].last_used_ns) / 1e9))
+                    idle = max(0.0, (now - copy[slot].last_used_ns) / 1e9)
+                    used[endpoint_id] = min(used.get(endpoint_id, idle), idle)
         finally:
             free(copy)
         return {"used": used, "watched": watched, "in_flight": in_flight}

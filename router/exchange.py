@@ -205,7 +205,8 @@ class Exchange(ResponseListener):
         if route is None:
             return False
         table = self.ctx.table
-        slot = table.acquire(route, self.key, self.tried)
+        not_there = resolvers.taken.get(self.routed_model, ())  # holds it, loads or unloads it
+        slot = table.acquire(route, self.key, self.tried + not_there)
         if slot < 0:
             return False
         if self.way != WAY_WAITED:

@@ -329,12 +329,16 @@ class EndpointTable:
                     busy[endpoint_id] = busy.get(endpoint_id, 0) + in_flight
                     used[endpoint_id] = 0.0
                 continue
-            watched[endpoint_id] = max(0.0, (now - watched_since_ns) / 1e9)
+            # One id may stand in two routes (a replica and its base's resolver route): the
+            # longest watched and the latest use speak for it.
+            seen = max(0.0, (now - watched_since_ns) / 1e9)
+            watched[endpoint_id] = max(watched.get(endpoint_id, 0.0), seen)
             if in_flight > 0:
                 used[endpoint_id] = 0.0
                 busy[endpoint_id] = busy.get(endpoint_id, 0) + in_flight
             elif last_used_ns != _NEVER:
-                used.setdefault(endpoint_id, max(0.0, (now - last_used_ns) / 1e9))
+                idle = max(0.0, (now - last_used_ns) / 1e9)
+                used[endpoint_id] = min(used.get(endpoint_id, idle), idle)
         return {"used": used, "watched": watched, "in_flight": busy}
 
     def load_targets(self, recent_s: float) -> list[tuple[int, str, str, int]]:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
-from router.resolvers import with_resolvers
+from router.resolvers import checked_resolvers, with_resolvers
 
 log = logging.getLogger("gpurouter.routes")
 
@@ -150,6 +150,7 @@ class RouteWatcher:
         self.affinity: dict[str, str] = {}  # per-model affinity the control plane publishes
         self.tenants: dict = {}  # tenants' rules, this router's shares, keys' digests
         self.adapters: frozenset[str] = frozenset()  # which routes are LoRA adapters
+        self.resolvers: dict[str, dict] = {}  # per base: adapters its engines may load
         self.on_change = on_change  # called after each new table is applied
         self.on_answer = None  # called after every answer of the control plane
 
@@ -181,7 +182,8 @@ class RouteWatcher:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def apply(self, table: dict) -> None:
-        published = with_resolvers(table["routes"], table.get("resolvers") or {})
+        resolvers = checked_resolvers(table.get("resolvers"))
+        published = with_resolvers(table["routes"], resolvers)
         routes, problems = checked_routes(
             {
                 model: [(e["id"], e["url"]) for e in endpoints]
@@ -198,6 +200,7 @@ class RouteWatcher:
             if mode in AFFINITY_MODES
         }
         self.tenants = table.get("tenants") or {}
+        self.resolvers = resolvers
         adapters = table.get("adapters")
         self.adapters = frozenset(a for a in adapters if isinstance(a, str)) if isinstance(
             adapters, list

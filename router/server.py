@@ -192,6 +192,7 @@ class RouterServer:
                 ctx.affinity_by_model = watcher.affinity
                 ctx.tenants_changed(watcher.tenants)
                 ctx.resolvers.named = watcher.adapters
+                ctx.resolvers.published = watcher.resolvers
                 ctx.refresh_routed_models()  # metrics label the new models from now on
                 ctx.resume_parked()
                 self.acks.routes_changed()

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import gpuctl
+from controlplane.state.routetable import resolver_endpoints
 from tests.agent.test_agent_sim import SimFleet
 from tests.controlplane.conftest import spec
 from tests.harness import call, get, wait_until
@@ -65,9 +66,13 @@ def routes(fleet) -> dict:
     return call("GET", fleet.url + "/v1/routes")[1]
 
 
+def resolvers_of(fleet, adapter: str) -> list[dict]:
+    return resolver_endpoints(routes(fleet).get("resolvers", {}), adapter)
+
+
 def test_an_adapter_nobody_holds_is_loaded_where_the_request_lands(procs, fleet):
-    wait_until(lambda: "a1" in routes(fleet).get("resolvers", {}), what="resolvers published")
-    assert {e["id"].split("@")[1] for e in routes(fleet)["resolvers"]["a1"]} == {"a1"}
+    wait_until(lambda: resolvers_of(fleet, "a1"), what="resolvers published")
+    assert {e["id"].split("@")[1] for e in resolvers_of(fleet, "a1")} == {"a1"}
     router, _ = procs.router("--control-plane", fleet.url, "--tick", "0.3")
     api = openai.OpenAI(base_url=router + "/v1", api_key="-", max_retries=0, timeout=30)
     wait_until(lambda: "a1" in [m.id for m in api.models.list()], what="adapters listed")
@@ -83,7 +88,7 @@ def test_an_adapter_nobody_holds_is_loaded_where_the_request_lands(procs, fleet)
         return endpoints[0]["id"] if len(endpoints) == 1 else None
 
     held_at = wait_until(holder, what="a1's holder published")
-    others = [e["id"] for e in routes(fleet).get("resolvers", {}).get("a1", [])]
+    others = [e["id"] for e in resolvers_of(fleet, "a1")]
     assert held_at not in others, "its holder is no resolver of it; the other replica still is"
     for _ in range(5):
         api.chat.completions.create(model="a1", messages=[{"role": "user", "content": "x"}])
@@ -117,10 +122,8 @@ def test_an_adapter_the_resolver_cannot_load_takes_the_control_planes_path_next(
         return [r["id"] for r in rows if "ghost" in (r.get("adapter_failures") or {})]
 
     (failed_on,) = wait_until(recorded, what="the failure recorded on its replica")
-    wait_until(
-        lambda: "ghost" not in routes(fleet).get("resolvers", {}), what="no resolver for it"
-    )
-    assert "a1" in routes(fleet)["resolvers"], "the other adapters keep theirs"
+    wait_until(lambda: not resolvers_of(fleet, "ghost"), what="no resolver for it")
+    assert resolvers_of(fleet, "a1"), "the other adapters keep theirs"
     # The next request waits for the control plane, which loads it (from its source) on the
     # other replica: never again where it failed.
     answer = api.chat.completions.create(model="ghost", messages=[{"role": "user", "content": "x"}])

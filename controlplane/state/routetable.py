@@ -21,7 +21,7 @@ class RouteTable:
         self.routes: dict[str, list[dict]] = {}
         self.affinity: dict[str, str] = {}  # model -> its spec's affinity, where it sets one
         self.tenants: dict = {}  # tenants' rules, shares and key digests (tenantshares.py)
-        self.resolvers: dict[str, list[dict]] = {}  # adapter -> replicas that may load it
+        self.resolvers: dict[str, dict] = {}  # base -> adapters, replicas that may load them
         self.adapters: list[str] = []  # which of the routes are LoRA adapters
         self._changed = asyncio.Event()
 
@@ -98,30 +98,47 @@ def routing_table(specs: dict, adapters: dict, replicas: dict) -> tuple[dict, di
     return routes, affinity
 
 
-def resolvers(specs: dict, adapters: dict, replicas: dict) -> dict[str, list[dict]]:
-    """{adapter: [{id, url}]}: for each adapter of a base whose engines load adapters
-    themselves (`adapter_resolver`), the Ready replicas of the base that do not hold it and
-    have a free adapter slot, each under the id the adapter would have there. A router sends
-    a request for the adapter to one of them when no holder can take it at once. An adapter
-    that failed to load anywhere has none until it is applied again: its requests wait for the
-    control plane's own placement."""
-    out: dict[str, list[dict]] = {}
+def resolvers(specs: dict, adapters: dict, replicas: dict) -> dict[str, dict]:
+    """{base: {"adapters": [name], "replicas": [{id, url, taken}]}} for each base whose engines
+    load adapters themselves (`adapter_resolver`): its adapters that may be loaded where a
+    request lands, and its Ready replicas with a free adapter slot, each with the adapters it
+    holds, is ordered to load or is unloading (`taken`), which it is not sent as a resolver. A
+    router sends a request for an adapter to one of them when no holder can take it at once.
+    An adapter that failed to load anywhere is left out until it is applied again: its
+    requests wait for the control plane's own placement.
+
+    Kept per base, not per adapter, so that the table grows with adapters plus replicas (and
+    their few slots), never with adapters times replicas."""
+    failed = {name for r in replicas.values() for name in r.adapter_failures}
+    resolvable: dict[str, list[str]] = {}
     for adapter in sorted(adapters.values(), key=lambda a: a.name):
         base = specs.get(adapter.base)
-        if base is None or not base.adapter_resolver:
-            continue
-        base_replicas = [r for r in replicas.values() if r.model == adapter.base]
-        if any(adapter.name in r.adapter_failures for r in base_replicas):
-            continue
+        if base is not None and base.adapter_resolver and adapter.name not in failed:
+            resolvable.setdefault(adapter.base, []).append(adapter.name)
+    out: dict[str, dict] = {}
+    for base_name, names in resolvable.items():
+        room = specs[base_name].max_adapters
         free = [
-            {"id": slot_id(r.id, adapter.name), "url": r.url}
-            for r in sorted(base_replicas, key=lambda r: r.id)
-            if r.state == ReplicaState.READY
+            {"id": r.id, "url": r.url, "taken": sorted({*r.want_adapters, *r.unloading})}
+            for r in sorted(replicas.values(), key=lambda r: r.id)
+            if r.model == base_name
+            and r.state == ReplicaState.READY
             and r.url
-            and adapter.name not in r.want_adapters
-            and adapter.name not in r.unloading
-            and len(r.want_adapters) + len(r.unloading) < base.max_adapters
+            and len(r.want_adapters) + len(r.unloading) < room
         ]
         if free:
-            out[adapter.name] = free
+            out[base_name] = {"adapters": names, "replicas": free}
     return out
+
+
+def resolver_endpoints(published: dict, adapter: str) -> list[dict]:
+    """[{id, url}] of the replicas a router may send a request for `adapter` to, each under
+    the id the adapter would have there, from a table's `resolvers`."""
+    for entry in published.values():
+        if adapter in entry["adapters"]:
+            return [
+                {"id": slot_id(r["id"], adapter), "url": r["url"]}
+                for r in entry["replicas"]
+                if adapter not in r["taken"]
+            ]
+    return []

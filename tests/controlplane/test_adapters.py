@@ -2,10 +2,12 @@
 hold them, unloaded through the safe stop when their base's replicas are full, never while in
 use or of unknown use; a failed load is shown and not retried; bad input changes nothing."""
 
+import orjson
 import pytest
 
 from controlplane.rules.adapters import slot_id
 from controlplane.state.fleet import BadRequest, Conflict
+from controlplane.state.routetable import resolver_endpoints
 from controlplane.vocabulary.model import ReplicaState
 from tests.controlplane.conftest import ReportingRouter, make_node, spec
 
@@ -352,6 +354,10 @@ def engine_loads(fleet, replica_id, *names):
     fleet.heartbeat("n1", {"replicas": reports})
 
 
+def resolver_ids(published: dict, adapter: str) -> list[str]:
+    return [e["id"] for e in resolver_endpoints(published, adapter)]
+
+
 def test_a_resolving_base_publishes_its_free_slots_and_keeps_what_its_engines_load(resolving):
     fleet, reconciler, router = resolving
     for name in ("a1", "a2"):
@@ -360,21 +366,36 @@ def test_a_resolving_base_publishes_its_free_slots_and_keeps_what_its_engines_lo
     first, second = sorted(fleet.replicas)
     table = reconciler.routes.as_json()
     assert table["adapters"] == ["a1", "a2"]
-    assert [e["id"] for e in table["resolvers"]["a1"]] == [slot_id(first, "a1"),
-                                                          slot_id(second, "a1")]  # fmt: skip
+    assert resolver_ids(table["resolvers"], "a1") == [slot_id(first, "a1"), slot_id(second, "a1")]
     engine_loads(fleet, first, "a1")  # a router sent it a request for a1
     reconciler.tick()
     assert holders(fleet, "a1") == [first], "kept as if placed there"
     assert fleet.adapter_resolved["a1"] == 1 and fleet.adapter_loads.get("a1", 0) == 0
     assert [e["id"] for e in reconciler.routes.routes["a1"]] == [slot_id(first, "a1")]
-    assert [e["id"] for e in reconciler.routes.resolvers["a1"]] == [slot_id(second, "a1")]
+    assert resolver_ids(reconciler.routes.resolvers, "a1") == [slot_id(second, "a1")]
     assert "a1" in [a["name"] for a in fleet.assignments("n1")[0]["adapters"]] + [
         a["name"] for a in fleet.assignments("n1")[1]["adapters"]
     ]
     engine_loads(fleet, first, "a1", "a2")
     reconciler.tick()
-    assert [e["id"] for e in reconciler.routes.resolvers["a2"]] == [slot_id(second, "a2")]
-    assert [e["id"] for e in reconciler.routes.resolvers.get("a1", [])] == [slot_id(second, "a1")]
+    assert resolver_ids(reconciler.routes.resolvers, "a2") == [slot_id(second, "a2")]
+    assert resolver_ids(reconciler.routes.resolvers, "a1") == [slot_id(second, "a1")]
+
+
+def test_the_resolvers_grow_with_adapters_plus_replicas_not_their_product(resolving):
+    fleet, reconciler, router = resolving
+    sizes = {}
+    for count in (20, 200):
+        for i in range(count):
+            fleet.apply_adapter(adapter(f"x{i}"))
+        reconciler.tick()
+        (entry,) = reconciler.routes.as_json()["resolvers"].values()
+        assert len(entry["adapters"]) == len(fleet.adapters) and len(entry["replicas"]) == 2
+        assert all(len(r["taken"]) < 2 for r in entry["replicas"]), "within max_adapters"
+        assert len(resolver_ids(reconciler.routes.resolvers, "x7")) == 2, "each replica, each"
+        sizes[count] = len(orjson.dumps(entry))
+    per_adapter = (sizes[200] - sizes[20]) / 180
+    assert per_adapter < 10, f"{per_adapter:.1f} bytes per adapter: a name and its comma"
 
 
 def test_a_base_without_a_resolver_publishes_none_and_adopts_nothing(served):
@@ -399,7 +420,7 @@ def test_a_full_resolving_replica_frees_a_slot_from_its_idlest_adapter_only(reso
     a1 = slot_id(first, "a1")
     tick_for(fleet, reconciler, router, clock, 30, used={a1: 0.0})
     assert not fleet.replicas[first].unloading, "nothing idle past its idle_after yet"
-    assert all(slot_id(first, "a3") != e["id"] for e in reconciler.routes.resolvers["a3"])
+    assert slot_id(first, "a3") not in resolver_ids(reconciler.routes.resolvers, "a3")
     tick_for(fleet, reconciler, router, clock, 40, in_flight={a1: 1})
     assert not fleet.replicas[first].unloading, "a2 idle 40 s of its minute"
     tick_for(fleet, reconciler, router, clock, 30, in_flight={a1: 1})
@@ -408,7 +429,7 @@ def test_a_full_resolving_replica_frees_a_slot_from_its_idlest_adapter_only(reso
     tick_for(fleet, reconciler, router, clock, 1)
     tick_for(fleet, reconciler, router, clock, 1)
     assert holders(fleet, "a1") == [first] and not holders(fleet, "a2")
-    assert slot_id(first, "a3") in [e["id"] for e in reconciler.routes.resolvers["a3"]]
+    assert slot_id(first, "a3") in resolver_ids(reconciler.routes.resolvers, "a3")
 
 
 def test_a_router_reported_resolver_failure_keeps_the_adapter_off_resolvers_until_reapplied(
@@ -422,7 +443,8 @@ def test_a_router_reported_resolver_failure_keeps_the_adapter_off_resolvers_unti
     fleet.take_resolve_failures("not a map")
     reconciler.tick()
     assert "a1" in fleet.replicas[first].adapter_failures
-    assert "a1" not in reconciler.routes.resolvers, "its requests wait for the control plane"
+    waits = "its requests wait for the control plane"
+    assert resolver_ids(reconciler.routes.resolvers, "a1") == [], waits
     router.report(waiting={"a1": 1})
     reconciler.tick()
     assert holders(fleet, "a1") == [sorted(fleet.replicas)[1]], "placed, never where it failed"
