@@ -24,16 +24,19 @@ $(BUILT): $(STAMP) $(COMPILED_SOURCES)
 	touch $(BUILT)
 
 # The tests spend most of their time waiting on the real processes they start, so they run in
-# TEST_WORKERS processes at once (pytest-xdist, each with its own PostgreSQL server); the perf
-# gates then run alone on the machine, as their ratios need.
+# TEST_WORKERS processes at once (pytest-xdist, each with its own PostgreSQL server; a file's
+# tests in one worker, which makes its module fixtures once), with the perf gates measured on a
+# simulated clock; then the gates timed on the real clock run alone on the machine, as their
+# ratios need (bench/conftest.py marks them machine_alone).
 TEST_WORKERS ?= 2
 
 ## test: install, build the extension, lint, run every test and perf gate
 test: $(BUILT)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=25 tests; \
-	  tests=$$?; \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 bench; gates=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+	  --durations=25 -m "not machine_alone" tests bench; tests=$$?; \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m machine_alone bench; \
+	  gates=$$?; \
 	  for status in $$tests $$gates; do \
 	    if [ $$status -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; \
 	  done; \

@@ -258,7 +258,8 @@ def contenders(backend_url: str, work: Path, args) -> dict:
     }
     if getattr(args, "traces", False):
         found["gpurouter+traces"] = lambda port: [
-            *found["gpurouter"](port), "--otlp-endpoint", args.sink, "--trace-sample", "0.01"
+            *found["gpurouter"](port), "--otlp-endpoint", args.sink,
+            "--trace-sample", str(args.trace_sample),
         ]  # fmt: skip
     if args.tenant:
         found["gpurouter+tenant"] = lambda port: [
@@ -396,6 +397,12 @@ def main() -> int:
         action="store_true",
         help="with --paired: gpurouter with traces at 1%% (--otlp-endpoint to a sink) against"
         f" gpurouter without; --gate: at least {TRACE_RATIO}x",
+    )
+    parser.add_argument(
+        "--trace-sample",
+        type=float,
+        default=0.01,
+        help="--traces: the share of requests traced (the gate's bound is for 0.01)",
     )
     parser.add_argument("--slices", type=int, default=40, help="--paired: turns in all")
     parser.add_argument("--vllm-router")

@@ -5,9 +5,14 @@ serves at least as many requests within the SLO, sends none where its adapter is
 cuts none by an unload. The full table, models that sleep included, is
 `python -m bench.adapters`."""
 
+import pytest
+
 from bench.adapters import compare
 from bench.figures import record
 from bench.multiplex import Settings, percentile
+
+# Measured on bench/fleetsim.py's simulated clock: it may run beside other tests.
+pytestmark = pytest.mark.virtual_clock
 
 SHORT = Settings(models=100, cards=4, minutes=2, rate=2.0, cv=2.0, warmup_minutes=2.0, seed=5)
 

@@ -29,6 +29,9 @@ import pytest
 from bench.figures import record
 from bench.multiplex import Settings, cards_needed, percentile, run, trace, verdict, worst_of
 
+# Measured on bench/fleetsim.py's simulated clock: it may run beside other tests.
+pytestmark = pytest.mark.virtual_clock
+
 SHORT = Settings(models=12, cards=4, minutes=6, warmup_minutes=8, rate=0.3, cv=2.0)
 SEEDS = (3, 4, 5)
 DEFAULT = Settings(minutes=6, warmup_minutes=10, seed=3)  # 24 models, the size mix, 2 req/s

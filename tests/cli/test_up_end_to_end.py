@@ -38,6 +38,7 @@ class Up:
             "OTEL_BSP_SCHEDULE_DELAY": "100",  # the SDK's spans out at once, for tests to read
         }
         self.log_path = tmp_path / log_name
+        self.fleet = tmp_path / "fleet"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [
@@ -372,12 +373,20 @@ def test_a_gpuctl_up_killed_with_kill_9_is_cleaned_up_by_the_next(tmp_path):
 def ctrl_c_stops_it_within(up: Up, seconds: float) -> float:
     """Ctrl-C as a terminal sends it; how long gpuctl up took to stop everything."""
     began = time.monotonic()
+    parts = {p.stem: recorded(p) for p in (up.fleet / "pids").glob("*.pid")}
     os.killpg(up.proc.pid, signal.SIGINT)
     try:
         up.proc.wait(seconds)
     except subprocess.TimeoutExpired:
+        running = [name for name, pid in parts.items() if process_alive(pid)]
         os.killpg(up.proc.pid, signal.SIGKILL)
-        raise AssertionError(f"still running {seconds} s after Ctrl-C:\n{up.output()}") from None
+        raise AssertionError(
+            f"still running {seconds} s after Ctrl-C, with {running} still up:\n{up.output()}"
+            + "".join(
+                f"\n--- the end of {log.name}:\n" + log.read_text(errors="replace")[-1500:]
+                for log in sorted((up.fleet / "logs").glob("*.log"))
+            )
+        ) from None
     finally:
         up.log.close()
     return time.monotonic() - began
