@@ -263,7 +263,9 @@ async def tick_loop(term: Term, tick_s: float, may_act=lambda: True) -> str | No
         if took > PACED_TICK_S:
             await asyncio.sleep(min(took, tick_s))
         try:
-            await asyncio.wait_for(wake.wait(), max(0.0, tick_s - took))
+            # Not wait_for, which on Python 3.11 may swallow the stop's cancel (agent.py).
+            async with asyncio.timeout(max(0.0, tick_s - took)):
+                await wake.wait()
         except TimeoutError:
             pass
         wake.clear()

@@ -269,7 +269,10 @@ class RouterServer:
                 self.send_report(ctx, prompt=True)
             pause = ACK_POLL_S if self.acks.watching else period
             try:
-                await asyncio.wait_for(self.report_soon.wait(), pause)
+                # Not wait_for, which on Python 3.11 may swallow the stop's cancel when a
+                # report is asked for in the same turn: the loop would report on for ever.
+                async with asyncio.timeout(pause):
+                    await self.report_soon.wait()
             except TimeoutError:
                 pass
             self.report_soon.clear()

@@ -281,10 +281,13 @@ class NodeAgent:
     async def _until_next_beat(self) -> None:
         """One heartbeat period, or less when an engine finished falling asleep or waking: a
         swap waits on that news, not on the next period."""
+        # Jittered: nodes that registered together must not beat together for ever. Under
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns as if not cancelled
+        # when the stop's cancel meets news that came in the same turn, and the loop beats on.
+        period = self.heartbeat_s * random.uniform(0.9, 1.1)
         try:
-            # Jittered: nodes that registered together must not beat together for ever.
-            period = self.heartbeat_s * random.uniform(0.9, 1.1)
-            await asyncio.wait_for(self.supervisor.news.wait(), period)
+            async with asyncio.timeout(period):
+                await self.supervisor.news.wait()
         except TimeoutError:
             pass
         self.supervisor.news.clear()

@@ -380,6 +380,13 @@ def ctrl_c_stops_it_within(up: Up, seconds: float) -> float:
     except subprocess.TimeoutExpired:
         running = [name for name, pid in parts.items() if process_alive(pid)]
         os.killpg(up.proc.pid, signal.SIGKILL)
+        engines = [
+            json.loads(record.read_text())["pid"]
+            for record in (up.fleet / "agent" / "nodes").glob("*/replicas/*.json")
+        ]
+        for pid in [*parts.values(), *engines]:  # each in a session of its own: not in up's
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
         raise AssertionError(
             f"still running {seconds} s after Ctrl-C, with {running} still up:\n{up.output()}"
             + "".join(
