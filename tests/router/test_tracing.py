@@ -80,7 +80,9 @@ def test_a_request_without_a_traceparent_is_sampled_and_starts_a_trace(procs, re
     spans = {s["attributes"]["gen_ai.request.model"]: s for s in receiver.of("gpurouter")}
     assert spans["chat"]["parent_id"] == "" and len(spans["chat"]["trace_id"]) == 32
     assert spans["nope"]["attributes"]["http.response.status_code"] == 404
-    assert span_counts(router) == {"sent": 2, "failed": 0, "dropped": 0}
+    # Counted once the collector's answer is back, a moment after it holds the spans.
+    sent = {"sent": 2, "failed": 0, "dropped": 0}
+    wait_until(lambda: span_counts(router) == sent, what=f"the router's counts {sent}")
 
 
 def span_counts(router: str) -> dict[str, int]:
