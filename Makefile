@@ -25,7 +25,8 @@ $(BUILT): $(STAMP) $(COMPILED_SOURCES)
 
 # The tests spend most of their time waiting on the real processes they start, so they run in
 # TEST_WORKERS processes at once (pytest-xdist, each with its own PostgreSQL server; a file's
-# tests in one worker, which makes its module fixtures once), with the perf gates measured on a
+# tests in one worker, which makes its module fixtures once, and in the order tests/conftest.py
+# gives: llama-server's tests last, while it builds), with the perf gates measured on a
 # simulated clock; then the gates timed on the real clock run alone on the machine, as their
 # ratios need (bench/conftest.py marks them machine_alone).
 TEST_WORKERS ?= 2
@@ -34,7 +35,7 @@ TEST_WORKERS ?= 2
 test: $(BUILT)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
-	  --durations=25 -m "not machine_alone" tests bench; tests=$$?; \
+	  --no-loadscope-reorder --durations=25 -m "not machine_alone" tests bench; tests=$$?; \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m machine_alone bench; \
 	  gates=$$?; \
 	  for status in $$tests $$gates; do \
