@@ -12,6 +12,10 @@ CPU; measured, the 1% costs three times what 100% (0.53x) costs per span. Neithe
 (posting to a closed port: 0.963), nor the header to the engine (0.98 without it, within the
 noise), nor compiling router/tracing.py (0.967) moved it. What is left, not established, is
 what a rare span costs when its code and data are cold in the caches.
+
+The figures are from the machine's Python 3.11.7 (the default PATH, as `make test` finds it).
+Under Debian's Python 3.11.2 the same gate measured 0.982, twice: there it passes its bound,
+and this expected failure fails the run as XPASS.
 """
 
 import pytest
@@ -24,7 +28,8 @@ from bench.paired_gate import run_paired
     strict=True,
     reason="not reached: traces at 1% measured a median 0.959-0.967x the router without"
     " (goal 0.97x), against 0.990-0.995x with traces on and nothing sampled; a span costs"
-    " about 8 us warm, yet at 1% each costs three times its share at 100% (0.53x)",
+    " about 8 us warm, yet at 1% each costs three times its share at 100% (0.53x); on"
+    " Debian's Python 3.11.2 it measured 0.982",
 )
 def test_traces_at_one_percent_cost_at_most_three_percent_per_core(benchmark):
     found = run_paired("--traces", 11, benchmark, slices=40)
