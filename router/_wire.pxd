@@ -15,7 +15,7 @@ cdef class Request:
     cdef readonly bytes path  # the url without its query
     # The headers the router reads (forwarding.READ_FIELDS); None when the request has none.
     cdef readonly bytes authorization, connection, content_type, x_forwarded_for
-    cdef readonly bytes x_gpufleet_model, x_request_id, x_session_id
+    cdef readonly bytes x_gpufleet_model, x_request_id, x_session_id, traceparent
     cdef readonly bytes forward
     cdef readonly bytes body
     cdef readonly bint keep_alive

@@ -121,7 +121,7 @@ cdef int known_field[KNOWN_MAX]  # of a header the router reads: which Request f
 # The Request fields of the headers the router reads, in the order set_read_header numbers them.
 FIELD_ORDER = (
     "authorization", "connection", "content_type", "x_forwarded_for", "x_gpufleet_model",
-    "x_request_id", "x_session_id",
+    "x_request_id", "x_session_id", "traceparent",
 )
 cdef list method_names = [None] * 256  # bytes per llhttp method number (a byte), made on first use
 cdef llhttp_settings_t request_settings
@@ -338,6 +338,8 @@ cdef void set_read_header(Request request, int field, bytes value) noexcept:
         request.x_request_id = value
     elif field == 6:
         request.x_session_id = value
+    elif field == 7:
+        request.traceparent = value
 
 
 cdef inline char* put(char* at, bytes piece) noexcept:

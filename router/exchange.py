@@ -24,7 +24,6 @@ from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
 from router.tenants import BYTES_PER_TOKEN, COMPLETION_TOKENS, PROMPT_TOKENS
-from router.tracing import TRACEPARENT
 from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
 from router.wire import monotonic, number_after
 
@@ -134,13 +133,13 @@ class Exchange(ResponseListener):
     def _sampled(self, request, request_id: bytes):
         """Its span if it is traced: it brings a traceparent (whose flag decides), or it is
         the next of the sampled share. Decided here, compiled, so that the requests not traced
-        cost a countdown and a search of their header lines, not a call."""
+        cost a countdown and a field's test, not a call."""
         ctx = self.ctx
         ctx.trace_countdown -= 1
         due = ctx.trace_countdown <= 0
         if due:
             ctx.trace_countdown = ctx.tracing.next_countdown()
-        elif TRACEPARENT not in request.forward:
+        elif request.traceparent is None:
             return None
         return ctx.tracing.begin(request, self.model, request_id, due)
 

@@ -25,13 +25,14 @@ NOT_FORWARDED = HOP_BY_HOP | {
     b"x-request-id",
     b"expect",
 }
-# The request headers the router itself reads (routing, keys, affinity, forwarding): a request
-# keeps only these by name, the rest go on as lines.
+# The request headers the router itself reads (routing, keys, affinity, forwarding, traces): a
+# request keeps only these by name, the rest go on as lines.
 READ_BY_ROUTER = frozenset(
     {
         b"authorization",
         b"connection",
         b"content-type",
+        b"traceparent",
         b"x-forwarded-for",
         b"x-gpufleet-model",
         b"x-request-id",

@@ -8,8 +8,8 @@ this module imports nothing of OpenTelemetry and the request path makes no call 
 Sampling: a request that brings a `traceparent` follows its sampled flag (the client decided);
 of those without, one in 1/`--trace-sample` is traced (a countdown drawn afresh each time, so
 that periodic traffic is not sampled in step with it). An unsampled request costs the compiled
-exchange a countdown and a search of its header lines; its `traceparent`, if any, goes on to the
-engine untouched.
+exchange a countdown and a look at the `traceparent` its reader kept (router/forwarding.py's
+READ_BY_ROUTER); that header, if any, goes on to the engine untouched.
 
 The span is named as the GenAI semantic conventions name an inference span (`chat MODEL`),
 with `gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.usage.input_tokens` and
@@ -46,7 +46,6 @@ TRACEPARENT = b"traceparent: "
 BATCH = 512  # spans a post
 EXPORT_EVERY_S = 5.0  # as the SDK's batch processor: fewer, larger posts
 QUEUED_MOST = 20_000  # spans waiting to be posted; beyond, new ones are dropped (and counted)
-SERVER_KIND = 2  # OTLP's SPAN_KIND_SERVER
 STATUS_ERROR = 2
 HEADER = re.compile(rb"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 OPERATIONS = {
@@ -69,100 +68,86 @@ def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
 
 
 def header_line(forward: bytes) -> tuple[int, int] | None:
-    """Where the `traceparent` line is among a request's forwarded header lines."""
-    at = forward.find(TRACEPARENT)
-    if at < 0 or (at and forward[at - 2 : at] != b"\r\n"):
-        return None
+    """Where the first `traceparent` line is among a request's forwarded header lines (their
+    names are in lower case)."""
+    if forward.startswith(TRACEPARENT):
+        at = 0
+    else:
+        at = forward.find(b"\r\n" + TRACEPARENT)
+        if at < 0:
+            return None
+        at += 2
     end = forward.find(b"\r\n", at)
     return (at, end + 2) if end >= 0 else None
 
 
 class RequestTrace:
     """One sampled request's span, as plain values, filled in as the exchange reaches its
-    points; `end` hands it to the exporter, whose thread makes the span's attributes."""
+    points; `end` hands it to the exporter, whose thread encodes it. Its events are tuples,
+    named first: ("parked", ns, why), ("picked", ns, replica, load, engine reported, attempt,
+    seconds parked or -1), ("retried", ns, why), ("first_byte", ns), ("cut", ns)."""
 
     __slots__ = ("exporter", "trace_id", "span_id", "parent_id", "operation", "model",
                  "request_id", "path", "start_ns", "events", "traceparent", "parked_at",
-                 "replica", "wake")  # fmt: skip
+                 "replica", "wake", "client_sent")  # fmt: skip
 
     def __init__(self, exporter, trace_id: int, span_id: int, parent_id: int, operation: str,
-                 model: str, request_id: bytes, path: bytes) -> None:  # fmt: skip
+                 model: str, request_id: bytes, path: bytes,
+                 client_sent: bool) -> None:  # fmt: skip
+        """`client_sent`: the request brought a `traceparent` header (used or not), whose
+        place this span's takes."""
         self.exporter = exporter
         self.trace_id, self.span_id, self.parent_id = trace_id, span_id, parent_id
         self.operation, self.model, self.request_id, self.path = operation, model, request_id, path
         self.start_ns = time.time_ns()
-        self.events: list = []  # (name, wall ns, attributes or None)
+        self.events: list = []
         # The header the engine gets: this span as its parent.
         self.traceparent = b"traceparent: 00-%032x-%016x-01\r\n" % (trace_id, span_id)
         self.parked_at = 0.0
         self.replica = ""
         self.wake: tuple[str, str] | None = None  # the control plane's trace of this wait
+        self.client_sent = client_sent
 
     def traceparent_value(self) -> str:
         return self.traceparent[len(TRACEPARENT) : -2].decode()
 
     def forward(self, forward: bytes) -> bytes:
-        """The request's header lines with this span as the engine's parent."""
-        line = header_line(forward)
-        if line is not None:
-            forward = forward[: line[0]] + forward[line[1] :]
+        """The request's header lines with this span as the engine's parent (in place of any
+        the client sent)."""
+        if self.client_sent:
+            line = header_line(forward)
+            while line is not None:
+                forward = forward[: line[0]] + forward[line[1] :]
+                line = header_line(forward)
         return forward + self.traceparent
 
     def parked(self, why: str) -> None:
         self.parked_at = time.monotonic()
-        self.events.append(("parked", time.time_ns(), {"reason": why}))
+        self.events.append(("parked", time.time_ns(), why))
 
     def waited_on(self, trace_id: str, span_id: str) -> None:
         """The control plane's trace of placing or waking what this parked request waits for
-        (its ids, in hex): named on the `parked` event and linked from this span."""
+        (its ids, in hex): named on the `parked` events and linked from this span."""
         self.wake = (trace_id, span_id)
-        for name, _, attributes in self.events:
-            if name == "parked":
-                attributes["gpufleet.wake.trace_id"] = trace_id
 
     def picked(self, replica: str, load: int, reported: bool, attempt: int) -> None:
-        attributes = {
-            "gpufleet.replica": replica,
-            "gpufleet.replica.load": load,
-            "gpufleet.load.engine_reported": reported,
-            "gpufleet.attempt": attempt,
-        }
+        parked_s = -1.0
         if self.parked_at:
-            attributes["gpufleet.parked_s"] = time.monotonic() - self.parked_at
+            parked_s = time.monotonic() - self.parked_at
             self.parked_at = 0.0
-        self.events.append(("picked", time.time_ns(), attributes))
+        self.events.append(("picked", time.time_ns(), replica, load, reported, attempt, parked_s))
         self.replica = replica
 
     def retried(self, why: str) -> None:
-        self.events.append(("retried", time.time_ns(), {"reason": why}))
+        self.events.append(("retried", time.time_ns(), why))
 
     def first_byte(self) -> None:
-        self.events.append(("first_byte", time.time_ns(), None))
+        self.events.append(("first_byte", time.time_ns()))
 
     def end(self, status: int, tenant: str | None, prompt: int, completion: int, cut: bool):
         if cut:
-            self.events.append(("cut", time.time_ns(), None))
+            self.events.append(("cut", time.time_ns()))
         self.exporter.put((self, time.time_ns(), status, tenant, prompt, completion, cut))
-
-
-def span_attributes(trace: RequestTrace, status: int, tenant, prompt: int, completion: int):
-    """The span's attributes, made on the export thread."""
-    attributes = {
-        "gen_ai.operation.name": trace.operation,
-        "gen_ai.request.model": trace.model,
-        "gpufleet.request_id": trace.request_id.decode(errors="replace"),
-        "url.path": trace.path.decode(errors="replace"),
-        "http.response.status_code": status,
-    }
-    if trace.replica:
-        attributes["gpufleet.replica"] = trace.replica
-    if tenant:
-        attributes["gpufleet.tenant"] = tenant
-    if prompt >= 0:
-        attributes["gen_ai.usage.input_tokens"] = prompt
-    if completion >= 0:
-        attributes["gen_ai.usage.output_tokens"] = completion
-    return attributes
 
 
 class Tracing:
@@ -185,12 +170,8 @@ class Tracing:
 
     def begin(self, request, model: str, request_id: bytes, due: bool) -> RequestTrace | None:
         """`due`: this request is the sampled share's next, if the client did not decide."""
-        forward = request.forward
-        parent = None
-        if TRACEPARENT in forward:
-            line = header_line(forward)
-            if line is not None:
-                parent = parse_traceparent(forward[line[0] + len(TRACEPARENT) : line[1] - 2])
+        sent = request.traceparent  # kept by the request reader, as the headers it reads
+        parent = None if sent is None else parse_traceparent(sent)
         if parent is not None:
             if not parent[2]:
                 return None  # the client's decision: not sampled
@@ -202,6 +183,7 @@ class Tracing:
         return RequestTrace(
             self.exporter, trace_id, self.bits(64) or 1, parent_id,
             OPERATIONS.get(request.path, "chat"), model, request_id, request.path,
+            sent is not None,
         )  # fmt: skip
 
     def metrics_lines(self) -> list[str]:
@@ -232,12 +214,15 @@ class OtlpJsonExporter:
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port
         self.path = parts.path or "/v1/traces"
-        self.resource = orjson.dumps({"attributes": [_encode("service.name", service)]})
+        self.resource = orjson.dumps(
+            {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]}
+        )
         self.scope = orjson.dumps({"name": scope})
         self.queue: deque = deque()
         self.dropped = self.sent = self.failed = 0
         self.wake = threading.Event()
         self.stopping = False
+        self.connection: http.client.HTTPConnection | None = None  # the export thread's
         self.thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
         self.thread.start()
 
@@ -269,17 +254,13 @@ class OtlpJsonExporter:
             self.scope,
             b",".join([_span(s) for s in batch]),
         )
-        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         try:
-            connection = kind(self.host, self.port, timeout=10)
-            connection.request("POST", self.path, body, {"Content-Type": "application/json"})
-            answer = connection.getresponse()
-            answer.read()
-            connection.close()
-            ok = 200 <= answer.status < 300
-        except OSError as exc:
+            status = self._send(body)
+            ok = 200 <= status < 300
+            answer = f"HTTP {status}"
+        except (OSError, http.client.HTTPException) as exc:
             ok = False
-            answer = exc
+            answer = repr(exc)
         if ok:
             self.sent += len(batch)
             return
@@ -287,78 +268,120 @@ class OtlpJsonExporter:
         if self.failed == len(batch):  # the first failure is said; the rest are counted
             log.warning("traces could not be sent to %s: %s", self.host, answer)
 
+    def _send(self, body: bytes) -> int:
+        """The collector's status for one post, on a connection kept between posts; one that
+        the collector closed meanwhile is opened afresh, once."""
+        while True:
+            reused = self.connection is not None
+            if not reused:
+                kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+                self.connection = kind(self.host, self.port, timeout=10)
+            connection = self.connection
+            try:
+                connection.request("POST", self.path, body, {"Content-Type": "application/json"})
+                answer = connection.getresponse()
+                answer.read()
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                self.connection = None
+                if reused:
+                    continue
+                raise
+            if answer.will_close:
+                connection.close()
+                self.connection = None
+            return answer.status
+
     def close(self) -> None:
         self.stopping = True
         self.wake.set()
         self.thread.join(15)
+        if self.connection is not None:
+            self.connection.close()
 
 
-ENCODED: dict = {}  # (key, value) -> its encoding: models, replicas and codes repeat
-ENCODED_MOST = 8192
-REPEATED = frozenset({
-    "gen_ai.operation.name", "gen_ai.request.model", "url.path", "gpufleet.replica",
-    "gpufleet.tenant", "http.response.status_code", "gpufleet.load.engine_reported",
-    "gpufleet.attempt", "gpufleet.replica.load", "reason",
-})  # fmt: skip
+# OTLP/JSON, written from templates: the keys and the fixed attributes' names are constant
+# bytes, and only the values are formatted in (as OTLP/JSON has them: 64-bit integers as
+# strings, ids in hex). Kind 2 is SPAN_KIND_SERVER.
+SPAN = (
+    b'{"traceId":"%032x","spanId":"%016x"%s,"name":%s,"kind":2,"startTimeUnixNano":"%d",'
+    b'"endTimeUnixNano":"%d","attributes":['
+    b'{"key":"gen_ai.operation.name","value":{"stringValue":%s}},'
+    b'{"key":"gen_ai.request.model","value":{"stringValue":%s}},'
+    b'{"key":"gpufleet.request_id","value":{"stringValue":%s}},'
+    b'{"key":"url.path","value":{"stringValue":%s}},'
+    b'{"key":"http.response.status_code","value":{"intValue":"%d"}}%s],"events":[%s]%s}'
+)
+STRING = b',{"key":"%s","value":{"stringValue":%s}}'
+INT = b',{"key":"%s","value":{"intValue":"%d"}}'
+PICKED = (
+    b'{"name":"picked","timeUnixNano":"%d","attributes":['
+    b'{"key":"gpufleet.replica","value":{"stringValue":%s}},'
+    b'{"key":"gpufleet.replica.load","value":{"intValue":"%d"}},'
+    b'{"key":"gpufleet.load.engine_reported","value":{"boolValue":%s}},'
+    b'{"key":"gpufleet.attempt","value":{"intValue":"%d"}}%s]}'
+)
+PARKED_S = b',{"key":"gpufleet.parked_s","value":{"doubleValue":%s}}'
+WITH_REASON = (
+    b'{"name":"%s","timeUnixNano":"%d","attributes":['
+    b'{"key":"reason","value":{"stringValue":%s}}%s]}'
+)
+BARE = b'{"name":"%s","timeUnixNano":"%d","attributes":[]}'
+TEXTS: dict = {}  # a repeated string (model, replica, path, reason, tenant) -> its JSON
+TEXTS_MOST = 8192
 
 
-def _attribute(key: str, value) -> bytes:
-    """An attribute as OTLP/JSON has it, as bytes; the common ones encoded once (on the export
-    thread alone: no lock)."""
-    found = ENCODED.get((key, value))
-    if found is not None:
-        return found
-    found = orjson.dumps(_encode(key, value))
-    if key in REPEATED and len(ENCODED) < ENCODED_MOST:
-        ENCODED[(key, value)] = found
+def _text(value: str) -> bytes:
+    """A string as JSON; the repeated ones encoded once (on the export thread alone: no
+    lock), until the cache is full."""
+    found = TEXTS.get(value)
+    if found is None:
+        found = orjson.dumps(value)
+        if len(TEXTS) < TEXTS_MOST:
+            TEXTS[value] = found
     return found
 
 
-def _encode(key: str, value) -> dict:
-    kind = type(value)
-    if kind is str:
-        return {"key": key, "value": {"stringValue": value}}
-    if kind is bool:
-        return {"key": key, "value": {"boolValue": value}}
-    if kind is int:
-        return {"key": key, "value": {"intValue": str(value)}}
-    return {"key": key, "value": {"doubleValue": value}}
-
-
-def _attributes(values) -> bytes:
-    return b",".join([_attribute(k, v) for k, v in values.items()]) if values else b""
+def _event(event: tuple, woke: bytes) -> bytes:
+    name = event[0]
+    if name == "picked":
+        _, at, replica, load, reported, attempt, parked_s = event
+        waited = b"" if parked_s < 0 else PARKED_S % orjson.dumps(parked_s)
+        return PICKED % (
+            at, _text(replica), load, b"true" if reported else b"false", attempt, waited
+        )  # fmt: skip
+    if name == "parked":
+        return WITH_REASON % (b"parked", event[1], _text(event[2]), woke)
+    if name == "retried":
+        return WITH_REASON % (b"retried", event[1], _text(event[2]), b"")
+    return BARE % (name.encode(), event[1])
 
 
 def _span(ended: tuple) -> bytes:
-    """A span as OTLP/JSON, written from parts: what is the same from span to span is encoded
-    once."""
+    """A span as OTLP/JSON (`ended`: what RequestTrace.end handed the exporter)."""
     trace, end, status, tenant, prompt, completion, cut = ended
-    attributes = span_attributes(trace, status, tenant, prompt, completion)
-    events = b",".join(
-        [b'{"name":%s,"timeUnixNano":"%d","attributes":[%s]}'
-         % (_name(n), at, _attributes(a)) for n, at, a in trace.events]
-    )  # fmt: skip
-    parent = b',"parentSpanId":"%016x"' % trace.parent_id if trace.parent_id else b""
-    status_part = b',"status":{"code":%d}' % STATUS_ERROR if status >= 500 or cut else b""
+    more = b""
+    if trace.replica:
+        more += STRING % (b"gpufleet.replica", _text(trace.replica))
+    if tenant:
+        more += STRING % (b"gpufleet.tenant", _text(tenant))
+    if prompt >= 0:
+        more += INT % (b"gen_ai.usage.input_tokens", prompt)
+    if completion >= 0:
+        more += INT % (b"gen_ai.usage.output_tokens", completion)
+    woke = tail = b""
     if trace.wake is not None:
-        status_part += b',"links":[{"traceId":"%s","spanId":"%s"}]' % (
-            trace.wake[0].encode(), trace.wake[1].encode())  # fmt: skip
-    name = _name(f"{trace.operation} {trace.model}")
-    return (
-        b'{"traceId":"%032x","spanId":"%016x"%s,"name":%s,"kind":%d,"startTimeUnixNano":"%d",'
-        b'"endTimeUnixNano":"%d","attributes":[%s],"events":[%s]%s}'
-        % (trace.trace_id, trace.span_id, parent, name, SERVER_KIND, trace.start_ns, end,
-           _attributes(attributes), events, status_part)
+        wake_trace, wake_span = orjson.dumps(trace.wake[0]), orjson.dumps(trace.wake[1])
+        woke = STRING % (b"gpufleet.wake.trace_id", wake_trace)
+        tail = b',"links":[{"traceId":%s,"spanId":%s}]' % (wake_trace, wake_span)
+    if status >= 500 or cut:
+        tail = b',"status":{"code":%d}' % STATUS_ERROR + tail
+    return SPAN % (
+        trace.trace_id, trace.span_id,
+        b',"parentSpanId":"%016x"' % trace.parent_id if trace.parent_id else b"",
+        _text(f"{trace.operation} {trace.model}"), trace.start_ns, end,
+        _text(trace.operation), _text(trace.model),
+        orjson.dumps(trace.request_id.decode(errors="replace")),
+        _text(trace.path.decode(errors="replace")), status, more,
+        b",".join([_event(e, woke) for e in trace.events]), tail,
     )  # fmt: skip
-
-
-NAMES: dict = {}
-
-
-def _name(name: str) -> bytes:
-    found = NAMES.get(name)
-    if found is None:
-        found = orjson.dumps(name)
-        if len(NAMES) < ENCODED_MOST:
-            NAMES[name] = found
-    return found

@@ -158,3 +158,184 @@ def test_the_control_plane_traces_its_decisions_and_changes(procs, tmp_path, rec
     assert not any("heartbeat" in name for name, _ in changes), "traffic is not a change"
     placed = [s for s in spans if s["name"].startswith("tick ") and "Place" in s["events"]]
     assert placed and placed[0]["attributes"]["gpufleet.actions.Place"] == 1, spans
+
+
+def test_the_engine_gets_the_routers_span_in_place_of_every_traceparent_the_client_sent():
+    from router.tracing import RequestTrace
+
+    trace = RequestTrace(None, 0xAB, 0xCD, 0xEF, "chat", "m", b"rid", b"/v1/completions", True)
+    sent = (
+        b"traceparent: 00-1-2-01\r\nx-traceparent: keep\r\naccept: */*\r\n"
+        b"traceparent: 00-3-4-01\r\n"
+    )
+    forward = trace.forward(sent)
+    assert forward == (
+        b"x-traceparent: keep\r\naccept: */*\r\n"
+        b"traceparent: 00-000000000000000000000000000000ab-00000000000000cd-01\r\n"
+    )
+
+
+def decoded(*ended: tuple):
+    """The spans of one export of `ended` (what RequestTrace.end hands the exporter), parsed
+    as a collector parses OTLP/JSON: a malformed body fails here."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from router.tracing import _span
+    from tests.otlp_receiver import _ids_as_base64
+
+    body = b'{"resourceSpans":[{"resource":{},"scopeSpans":[{"scope":{},"spans":[%s]}]}]}' % (
+        b",".join(_span(e) for e in ended)
+    )
+    message = json_format.Parse(_ids_as_base64(body), ExportTraceServiceRequest())
+    return list(message.resource_spans[0].scope_spans[0].spans)
+
+
+def attributes_of(held) -> dict:
+    from tests.otlp_receiver import _value
+
+    return {a.key: _value(a.value) for a in held.attributes}
+
+
+def test_a_span_with_every_part_encodes_to_what_was_recorded():
+    from router.tracing import RequestTrace
+
+    trace = RequestTrace(
+        None, 0xAB, 0xCD, 0xEF, "chat", 'm"odel', 'r"é\n'.encode(), b"/v1/chat/completions", False
+    )  # fmt: skip
+    trace.parked("saturated")
+    trace.waited_on("1" * 32, "2" * 16)
+    trace.picked("replica-1", 3, True, 1)
+    trace.retried("connect")
+    trace.picked('replica-"2"', 0, False, 2)
+    trace.first_byte()
+    ended = []
+    trace.exporter = type("Exporter", (), {"put": staticmethod(ended.append)})
+    trace.end(200, "acme", 11, 5, True)
+    [span] = decoded(*ended)
+    assert (span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex()) == (
+        f"{0xAB:032x}", f"{0xCD:016x}", f"{0xEF:016x}"
+    )
+    assert span.name == 'chat m"odel' and span.kind == 2
+    assert span.start_time_unix_nano == trace.start_ns <= span.end_time_unix_nano
+    assert attributes_of(span) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": 'm"odel',
+        "gpufleet.request_id": 'r"é\n',
+        "url.path": "/v1/chat/completions",
+        "http.response.status_code": 200,
+        "gpufleet.replica": 'replica-"2"',
+        "gpufleet.tenant": "acme",
+        "gen_ai.usage.input_tokens": 11,
+        "gen_ai.usage.output_tokens": 5,
+    }
+    assert span.status.code == 2, "a cut answer is an error"
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in span.links] == [
+        ("1" * 32, "2" * 16)
+    ]
+    events = [(e.name, attributes_of(e)) for e in span.events]
+    assert [name for name, _ in events] == [
+        "parked", "picked", "retried", "picked", "first_byte", "cut"
+    ]  # fmt: skip
+    assert events[0][1] == {"reason": "saturated", "gpufleet.wake.trace_id": "1" * 32}
+    first_pick = events[1][1]
+    assert first_pick.pop("gpufleet.parked_s") >= 0
+    assert first_pick == {
+        "gpufleet.replica": "replica-1",
+        "gpufleet.replica.load": 3,
+        "gpufleet.load.engine_reported": True,
+        "gpufleet.attempt": 1,
+    }
+    assert events[2][1] == {"reason": "connect"}
+    assert events[3][1] == {
+        "gpufleet.replica": 'replica-"2"',
+        "gpufleet.replica.load": 0,
+        "gpufleet.load.engine_reported": False,
+        "gpufleet.attempt": 2,
+    }
+    assert events[4][1] == events[5][1] == {}
+    times = [e.time_unix_nano for e in span.events]
+    assert times == sorted(times)
+
+
+def test_a_span_that_never_reached_a_replica_has_no_more_than_it_knows():
+    from router.tracing import RequestTrace
+
+    trace = RequestTrace(None, 1, 2, 0, "text_completion", "nope", b"id", b"/v1/completions", False)
+    [span] = decoded((trace, trace.start_ns, 404, None, -1, -1, False))
+    assert span.parent_span_id == b"" and not span.events and not span.links
+    assert span.status.code == 0
+    assert attributes_of(span) == {
+        "gen_ai.operation.name": "text_completion",
+        "gen_ai.request.model": "nope",
+        "gpufleet.request_id": "id",
+        "url.path": "/v1/completions",
+        "http.response.status_code": 404,
+    }
+
+
+class KeepAliveCollector:
+    """An OTLP/HTTP endpoint that keeps connections open (HTTP/1.1), as collectors do, and
+    notes the client port of each post; `drop_idle` closes every connection it holds."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.ports: list[int] = []
+        self.sockets: list = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                collector.sockets.append(self.connection)
+
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers["content-length"]))
+                collector.ports.append(self.client_address[1])
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def drop_idle(self) -> None:
+        import socket
+
+        for held in self.sockets:
+            held.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_posts_share_one_connection_and_one_the_collector_closed_is_opened_again():
+    from router.tracing import OtlpJsonExporter, RequestTrace
+
+    collector = KeepAliveCollector()
+    exporter = OtlpJsonExporter(collector.url, "gpurouter", "test")
+    try:
+
+        def post_one():
+            trace = RequestTrace(exporter, 1, 2, 0, "chat", "m", b"id", b"/", False)
+            exporter._post([(trace, trace.start_ns, 200, None, -1, -1, False)])
+
+        post_one()
+        post_one()
+        assert len(collector.ports) == 2 and collector.ports[0] == collector.ports[1]
+        collector.drop_idle()
+        post_one()
+        assert len(collector.ports) == 3 and collector.ports[2] != collector.ports[0]
+        assert (exporter.sent, exporter.failed) == (3, 0)
+    finally:
+        exporter.close()
+        collector.close()

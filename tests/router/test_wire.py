@@ -143,6 +143,23 @@ def test_a_request_is_read_whole_with_lower_case_names(reader_class):
 
 
 @pytest.mark.parametrize("reader_class", READERS)
+def test_a_traceparent_is_kept_by_name_and_goes_on_as_a_line(reader_class):
+    """The tracer reads the field; the engine gets the header unless the request is traced."""
+    data = (
+        b"POST /v1/completions HTTP/1.1\r\nX-Traceparent: no\r\nTraceparent: 00-ab-cd-01\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+    )
+    pending: list = []
+    reader_class(pending, MAX_HEADER_BYTES, MAX_BODY_BYTES).feed(data)
+    [request] = pending
+    assert request.traceparent == b"00-ab-cd-01"
+    assert request.forward == b"x-traceparent: no\r\ntraceparent: 00-ab-cd-01\r\n"
+    pending.clear()
+    reader_class(pending, MAX_HEADER_BYTES, MAX_BODY_BYTES).feed(REQUEST)
+    assert pending[0].traceparent is None
+
+
+@pytest.mark.parametrize("reader_class", READERS)
 def test_any_split_reads_the_same(reader_class):
     whole = read(reader_class, REQUEST)
     for at in range(1, len(REQUEST)):
@@ -233,6 +250,7 @@ header_name = st.one_of(
             "X-Session-Id",
             "X-Forwarded-For",
             "X-Gpufleet-Model",
+            "Traceparent",
             "Upgrade",
         ]
     ),
