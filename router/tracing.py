@@ -19,12 +19,12 @@ release, how long), `picked` (which replica, its load, whether the engine report
 `retried` (why), `first_byte`, `cut` (the answer broke off).
 
 A sampled request records its span as plain values on the request path; a thread of its own
-encodes them as OTLP/JSON and posts them in batches (every 5 s, or 512 at a time) to the
-collector (OTLP over HTTP, which every collector takes in JSON as in protobuf). Not through
-the OpenTelemetry SDK: its span and its encoder cost 45-70 µs a span, measured, which at 1%
-sampling took 8% of the rate per core of a router that spends 19 µs a request; this way a
-span costs about 10 µs in all. (The control plane and the simulated engine, whose rates are
-low, use the SDK.)
+writes them as OTLP/JSON from templates and posts them in batches (every 5 s, or 512 at a time)
+to the collector (OTLP over HTTP, which every collector takes in JSON as in protobuf), on a
+connection it keeps. Not through the OpenTelemetry SDK: its span and its encoder cost 45-70 µs
+a span, measured, which at 1% sampling took 8% of the rate per core of a router that spends
+19 µs a request; this way a span costs about 10 µs in all (5 on the request path, 5 to encode
+and post). (The control plane and the simulated engine, whose rates are low, use the SDK.)
 """
 
 from __future__ import annotations
