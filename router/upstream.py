@@ -195,10 +195,10 @@ class UpstreamPool:
 
     async def connect(self) -> UpstreamConnection:
         loop = self.loop or asyncio.get_running_loop()
-        _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port),
-            self.connect_timeout,
-        )
+        async with asyncio.timeout(self.connect_timeout):
+            _, conn = await loop.create_connection(
+                lambda: UpstreamConnection(self), self.host, self.port
+            )
         self.open.add(conn)
         return conn
 

@@ -56,7 +56,8 @@ class Orders:
         waiter = asyncio.get_running_loop().create_future()
         self.waiters.setdefault(node, []).append(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
+            async with asyncio.timeout(timeout):
+                await waiter
             return True
         except TimeoutError:
             return False

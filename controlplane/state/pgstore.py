@@ -351,7 +351,8 @@ class PostgresStore:
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Commit what is queued (a clean stop), then stop the writer."""
         with contextlib.suppress(StoreUnavailable, TimeoutError):
-            await asyncio.wait_for(self.sync(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.sync()
         self.close()
 
     def close(self) -> None:

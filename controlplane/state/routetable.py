@@ -70,7 +70,8 @@ class RouteTable:
     async def wait_for_change(self, after: int, timeout: float) -> dict:
         if after == self.version:
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
             except TimeoutError:
                 pass
         return self.as_json()

@@ -35,7 +35,8 @@ class Term:
         self.tick_waiters.append(done)
         self.wake.set()
         try:
-            await asyncio.wait_for(done, timeout)  # on a timeout the loop skips it
+            async with asyncio.timeout(timeout):  # on a timeout the loop skips it
+                await done
             return True
         except TimeoutError:
             return False
