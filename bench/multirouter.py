@@ -1,10 +1,11 @@
 """Several routers in front of the same engines: routing on each router's own counts against
 routing on what the engines report (their queue and KV-cache use).
 
-Three gpurouter processes in front of eight `gpuctl sim-engine` processes that queue as vLLM
-does (`--max-num-seqs` running, the rest waiting in arrival order, prefill time per uncached
-prompt token, a prefix cache), and one bursty trace of short and long prompts over shared
-system prompts, sent the same for every policy, each request to the router the trace names:
+Three gpurouter processes (`--routers N`: N) in front of eight `gpuctl sim-engine` processes
+that queue as vLLM does (`--max-num-seqs` running, the rest waiting in arrival order, prefill
+time per uncached prompt token, a prefix cache), and one bursty trace of short and long prompts
+over shared system prompts, sent the same for every policy, each request to the router the
+trace names:
 
     a   today's: each router balances on its own requests in flight (--load-interval 0)
     b   engine-reported load: the engines' waiting + running, read every 100 ms (the default)
@@ -13,6 +14,7 @@ system prompts, sent the same for every policy, each request to the router the t
     d   one router alone, on its own counts: the best a router can do without the engines
 
     python -m bench.multirouter [--seconds 60] [--policies a,b,c,a+,d] [--seeds 1,2,3]
+        [--routers 3]
 
 Per policy: mean and p99 time to first token (client side, streamed), the spread of the
 engines' queues (sampled every 100 ms: the mean over samples of the longest queue minus the
@@ -73,12 +75,21 @@ class Request:
     max_tokens: int
 
 
-def trace(seconds: float, seed: int) -> list[Request]:
+def router_weights(routers: int) -> tuple[float, ...]:
+    """Each router's share of the traffic: uneven, as behind a load balancer that pins
+    clients (3: 50%, 30%, 20%; N: in proportion to 1, 1/2, 1/3 ...)."""
+    if routers == 3:
+        return (5, 3, 2)
+    return tuple(1 / (i + 1) for i in range(routers))
+
+
+def trace(seconds: float, seed: int, routers: int = ROUTERS) -> list[Request]:
     """Bursts of 3 s at 36 requests/s (more than the engines serve: queues build) between
     quiet spells of 4 s at 5/s; a quarter of the requests are long (a 2,000-token prompt and
     120 tokens out), the others short (a few hundred tokens in, 12 out). The routers get the
-    traffic unevenly: 50%, 30%, 20%."""
+    traffic unevenly (`router_weights`)."""
     rng = random.Random(seed)
+    weights = router_weights(routers)
     out, now = [], 0.0
     while now < seconds:
         burst = (now % BURST_EVERY_S) < BURST_S
@@ -87,7 +98,7 @@ def trace(seconds: float, seed: int) -> list[Request]:
         out.append(
             Request(
                 at=now,
-                router=rng.choices(range(ROUTERS), weights=(5, 3, 2))[0],
+                router=rng.choices(range(routers), weights=weights)[0],
                 system=rng.randrange(len(SYSTEMS)),
                 question=f"question {len(out)} {'x' * (LONG_CHARS if long else 40)}",
                 max_tokens=LONG_TOKENS if long else 12,
@@ -222,12 +233,14 @@ def wait_idle(engines: list[str], timeout: float = 60.0) -> None:
     raise RuntimeError("the engines never went idle")
 
 
-def run_policy(procs: Processes, engines: list[str], policy: str, requests) -> Result:
+def run_policy(
+    procs: Processes, engines: list[str], policy: str, requests, routers: int = ROUTERS
+) -> Result:
     for engine in engines:
         post(engine + "/sim/cache/clear", b"{}")
     wait_idle(engines)
     backends = [f"--backend=m={e}" for e in engines]
-    count = 1 if policy == "d" else ROUTERS
+    count = 1 if policy == "d" else routers
     started = [procs.router(*backends, *POLICIES[policy]) for _ in range(count)]
     routers = [url for url, _ in started]
     before = {
@@ -255,14 +268,16 @@ def start_engines(procs: Processes) -> list[str]:
     return [procs.engine("m", **ENGINE_FLAGS) for _ in range(ENGINES)]
 
 
-def compare(procs: Processes, seconds: float, policies: list[str], seeds: list[int]) -> list[dict]:
+def compare(
+    procs: Processes, seconds: float, policies: list[str], seeds: list[int], routers: int = ROUTERS
+) -> list[dict]:
     """One row per policy, over the traces of every seed together (their requests pooled)."""
     engines = start_engines(procs)
     pooled = {policy: Result(policy) for policy in policies}
     for seed in seeds:
-        requests = trace(seconds, seed)
+        requests = trace(seconds, seed, routers)
         for policy in policies:
-            pooled[policy].add(run_policy(procs, engines, policy, requests))
+            pooled[policy].add(run_policy(procs, engines, policy, requests, routers))
     return [pooled[policy].row() for policy in policies]
 
 
@@ -271,6 +286,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--policies", default="a,b,c,a+,d")
     parser.add_argument("--seeds", default="1", help="Traces to pool, e.g. 1,2,3.")
+    parser.add_argument("--routers", type=int, default=ROUTERS, help="gpurouter processes")
     args = parser.parse_args()
     import tempfile
     from pathlib import Path
@@ -283,6 +299,7 @@ def main() -> None:
                 args.seconds,
                 args.policies.split(","),
                 [int(s) for s in args.seeds.split(",")],
+                args.routers,
             )
         finally:
             procs.stop_all()
