@@ -1,5 +1,7 @@
 """An OTLP/HTTP trace receiver on a loopback port, as a collector would be: it keeps every
-span it is sent (protobuf or JSON, as OTLP/HTTP allows), decoded, for a test to read."""
+span it is sent (protobuf or JSON, as OTLP/HTTP allows), decoded, for a test to read. With
+`keep_alive` it keeps connections open between posts (HTTP/1.1), as collectors do, and notes
+which client port each post came from."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, keep_alive: bool = False) -> None:
         from google.protobuf import json_format
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
@@ -17,10 +19,19 @@ class Receiver:
 
         self.spans: list[dict] = []
         self.lock = threading.Lock()
+        self.post_ports: list[int] = []  # each post's client port
+        self.sockets: list = []  # each connection's, for drop_connections
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def setup(self):
+                super().setup()
+                receiver.sockets.append(self.connection)
+
             def do_POST(self):  # noqa: N802 (http.server's name)
+                receiver.post_ports.append(self.client_address[1])
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -76,6 +87,13 @@ class Receiver:
     def of(self, service: str) -> list[dict]:
         with self.lock:
             return [s for s in self.spans if s["service"] == service]
+
+    def drop_connections(self) -> None:
+        """Close every connection from this side, as a collector does with idle ones."""
+        import socket
+
+        for held in self.sockets:
+            held.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         self.server.shutdown()

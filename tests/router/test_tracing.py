@@ -274,54 +274,10 @@ def test_a_span_that_never_reached_a_replica_has_no_more_than_it_knows():
     }
 
 
-class KeepAliveCollector:
-    """An OTLP/HTTP endpoint that keeps connections open (HTTP/1.1), as collectors do, and
-    notes the client port of each post; `drop_idle` closes every connection it holds."""
-
-    def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.ports: list[int] = []
-        self.sockets: list = []
-        collector = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def setup(self):
-                super().setup()
-                collector.sockets.append(self.connection)
-
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                self.rfile.read(int(self.headers["content-length"]))
-                collector.ports.append(self.client_address[1])
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def drop_idle(self) -> None:
-        import socket
-
-        for held in self.sockets:
-            held.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_posts_share_one_connection_and_one_the_collector_closed_is_opened_again():
     from router.tracing import OtlpJsonExporter, RequestTrace
 
-    collector = KeepAliveCollector()
+    collector = Receiver(keep_alive=True)
     exporter = OtlpJsonExporter(collector.url, "gpurouter", "test")
     try:
 
@@ -331,11 +287,13 @@ def test_posts_share_one_connection_and_one_the_collector_closed_is_opened_again
 
         post_one()
         post_one()
-        assert len(collector.ports) == 2 and collector.ports[0] == collector.ports[1]
-        collector.drop_idle()
+        ports = collector.post_ports
+        assert len(ports) == 2 and ports[0] == ports[1]
+        collector.drop_connections()
         post_one()
-        assert len(collector.ports) == 3 and collector.ports[2] != collector.ports[0]
+        assert len(ports) == 3 and ports[2] != ports[0]
         assert (exporter.sent, exporter.failed) == (3, 0)
+        assert len(collector.of("gpurouter")) == 3
     finally:
         exporter.close()
         collector.close()
