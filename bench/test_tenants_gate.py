@@ -98,8 +98,9 @@ def test_nothing_is_lost(result):
 def test_a_tenants_key_and_limits_cost_at_most_five_percent_per_core(benchmark):
     """bench/compare_routers.py --tenant --paired: gpurouter with a tenant's key and every
     limit on, against the same router without, both at once on one CPU with the load taking
-    turns; seven rounds of fresh processes, gated on the median round."""
-    found = run_paired("--tenant", 7, benchmark)
+    turns; eleven rounds of fresh processes, gated on the median round. Eleven, not seven: the
+    rounds spread over 0.91-1.04, and medians of seven measured 0.959-0.979 against the 0.95."""
+    found = run_paired("--tenant", 11, benchmark)
     benchmark.extra_info["tenant_over_plain_per_core"] = found.median
     record(
         f"tenant's key and limits, rate per core: median round {found.median}x the same router"
