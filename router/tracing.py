@@ -46,6 +46,7 @@ TRACEPARENT = b"traceparent: "
 BATCH = 512  # spans a post
 EXPORT_EVERY_S = 5.0  # as the SDK's batch processor: fewer, larger posts
 QUEUED_MOST = 20_000  # spans waiting to be posted; beyond, new ones are dropped (and counted)
+POST_TIMEOUT_S = 10.0  # for the collector's answer to one post
 STATUS_ERROR = 2
 HEADER = re.compile(rb"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 OPERATIONS = {
@@ -223,6 +224,7 @@ class OtlpJsonExporter:
         self.wake = threading.Event()
         self.stopping = False
         self.connection: http.client.HTTPConnection | None = None  # the export thread's
+        self.timeout_s = POST_TIMEOUT_S
         self.thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
         self.thread.start()
 
@@ -275,16 +277,18 @@ class OtlpJsonExporter:
             reused = self.connection is not None
             if not reused:
                 kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-                self.connection = kind(self.host, self.port, timeout=10)
+                self.connection = kind(self.host, self.port, timeout=self.timeout_s)
             connection = self.connection
             try:
                 connection.request("POST", self.path, body, {"Content-Type": "application/json"})
                 answer = connection.getresponse()
                 answer.read()
-            except (OSError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException) as exc:
                 connection.close()
                 self.connection = None
-                if reused:
+                # A collector that does not answer is not asked twice: the thread would hang
+                # twice as long, and the post may have been taken.
+                if reused and not isinstance(exc, TimeoutError):
                     continue
                 raise
             if answer.will_close:
@@ -296,7 +300,7 @@ class OtlpJsonExporter:
         self.stopping = True
         self.wake.set()
         self.thread.join(15)
-        if self.connection is not None:
+        if self.connection is not None and not self.thread.is_alive():
             self.connection.close()
 
 

@@ -297,3 +297,36 @@ def test_posts_share_one_connection_and_one_the_collector_closed_is_opened_again
     finally:
         exporter.close()
         collector.close()
+
+
+def test_a_collector_that_does_not_answer_is_not_asked_twice():
+    import http.client
+    import socket
+
+    from router.tracing import OtlpJsonExporter, RequestTrace
+
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)  # takes connections, never reads nor answers
+    port = frozen.getsockname()[1]
+    exporter = OtlpJsonExporter(f"http://127.0.0.1:{port}/v1/traces", "gpurouter", "test")
+    exporter.timeout_s = 0.3
+    # As if kept from an earlier post: a failure on a kept connection is what may be retried.
+    exporter.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=0.3)
+    try:
+        trace = RequestTrace(exporter, 1, 2, 0, "chat", "m", b"id", b"/", False)
+        exporter._post([(trace, trace.start_ns, 200, None, -1, -1, False)])
+        assert (exporter.sent, exporter.failed) == (0, 1)
+        frozen.settimeout(0.5)
+        taken = [frozen.accept()[0]]
+        frozen.settimeout(0.2)
+        try:
+            taken.append(frozen.accept()[0])
+        except TimeoutError:
+            pass
+        for held in taken:
+            held.close()
+        assert len(taken) == 1, f"posted on {len(taken)} connections"
+    finally:
+        exporter.close()
+        frozen.close()
