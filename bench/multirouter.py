@@ -242,7 +242,7 @@ def run_policy(
     backends = [f"--backend=m={e}" for e in engines]
     count = 1 if policy == "d" else routers
     started = [procs.router(*backends, *POLICIES[policy]) for _ in range(count)]
-    routers = [url for url, _ in started]
+    urls = [url for url, _ in started]
     before = {
         e: (
             engine_series(e, "vllm:prefix_cache_queries_total"),
@@ -251,7 +251,7 @@ def run_policy(
         for e in engines
     }
     result = Result(policy)
-    asyncio.run(replay(routers, engines, requests, result))
+    asyncio.run(replay(urls, engines, requests, result))
     for engine in engines:
         result.prompt_tokens += (
             engine_series(engine, "vllm:prefix_cache_queries_total") - (before[engine][0])

@@ -17,14 +17,25 @@ BIN = Path(sys.executable).parent
 _HANDED_OUT: set[int] = set()
 
 
+def _workers_share() -> tuple[int, int]:
+    """(this pytest-xdist worker's number, how many there are); (0, 1) outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return (int(worker[2:]) if worker.startswith("gw") else 0), max(count, 1)
+
+
 def free_port() -> int:
     """A loopback port nothing listens on, never one this run handed out before: the kernel
-    may give a port just closed to the next bind, and two servers told the same port collide."""
+    may give a port just closed to the next bind, and two servers told the same port collide.
+    Each worker of a parallel run takes only its share of the ports (by port // 2, since Linux
+    hands bind() even ports where it can): two workers handed the same port had a server
+    answer the other worker's test (a 404 from a control plane's route)."""
+    worker, workers = _workers_share()
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
+        if port // 2 % workers == worker and port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
 
