@@ -21,7 +21,7 @@ from collections import defaultdict, deque
 
 import orjson
 
-from controlplane.rules.sleep import awake_on, gpus_of, holds_card, is_sleeper
+from controlplane.rules.sleep import awake_of, gpus_of, holds_card, is_sleeper
 
 UNALLOCATED = "(unallocated)"
 COST_ROW = "cost_minute/"  # the store's rows (records), one a minute
@@ -42,7 +42,7 @@ def card_seconds(replicas, specs: dict, nodes: dict, seconds: float) -> dict[str
             continue
         if holds_card(replica):
             for gpu in gpus_of(replica):
-                awake_mib[gpu][replica.id] = (replica.model, awake_on(spec, nodes, gpu))
+                awake_mib[gpu][replica.id] = (replica.model, awake_of(replica, nodes, gpu))
         elif is_sleeper(replica):
             gib = spec.asleep_mb() / MIB_PER_GIB * len(gpus_of(replica))
             charged.setdefault(replica.model, [0.0, 0.0])[1] += gib * seconds

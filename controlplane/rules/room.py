@@ -33,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from controlplane.rules.held import awake_held_mb, holds_awake, holds_memory
 from controlplane.rules.placement import eligible, fits_beside
 from controlplane.vocabulary.idle import IdleState
 from controlplane.vocabulary.model import HOLDING, ModelSpec, Node, Replica, ReplicaState, Slice
@@ -41,8 +42,9 @@ from controlplane.vocabulary.specs import format_duration as duration
 # Beyond this many candidates on one node the exact search (every subset) gives way to a
 # greedy one: a node holds a handful of replicas, so this is a bound, not a case.
 EXACT_SEARCH_LIMIT = 12
-# On its way out: its GPUs come free whatever else holds, and its model already counts it gone.
-LEAVING = {ReplicaState.RETIRING, ReplicaState.STOPPING}
+# On its way out: its GPUs come free whatever else holds (once its process is gone: a Failed
+# engine may still hold its memory), and its model already counts it gone.
+LEAVING = {ReplicaState.RETIRING, ReplicaState.STOPPING, ReplicaState.FAILED}
 
 
 @dataclass(frozen=True)
@@ -186,10 +188,11 @@ def plan_room(waiting: ModelSpec, inputs: RoomInputs) -> RoomPlan:
     """The fewest GPUs to free for one replica of `waiting`, or why none can be freed."""
     held: dict[tuple[str, int], list[Replica]] = defaultdict(list)
     for r in inputs.replicas:
-        if r.state in HOLDING:
+        if holds_awake(r):  # what sleeps holds a reserve: the sleep rules stop it if need be
             for piece in r.placement:
                 for index in piece.gpus:
-                    held[(piece.node, index)].append(r)
+                    if holds_memory(r, piece.node):
+                        held[(piece.node, index)].append(r)
     blockers: dict[str, Blocker] = {}
     takeable: dict[str, Replica] = {}
     ready, kept = ready_counts(inputs.replicas), kept_counts(inputs.replicas)
@@ -259,12 +262,6 @@ def _within_limits(victims, may_lose) -> bool:
     return all(n <= may_lose.get(model, 0) for model, n in per_model.items())
 
 
-def _awake_mb(replica: Replica, inputs: RoomInputs, card: int) -> int:
-    """MiB `replica` holds awake on a card of `card` MiB (the whole card when its spec went)."""
-    spec = inputs.specs.get(replica.model)
-    return max(1, spec.awake_mb(card) if spec is not None else card)
-
-
 def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, blockers, reserved):
     """The cheapest victims on one node after which `waiting` fits awake on enough of its
     cards beside what stays there (memory, not cards: a card keeps the occupants it can)."""
@@ -282,7 +279,7 @@ def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, block
         cards = {g.index: g.memory_mb for g in node.gpus if g.index in usable
                  and (node.name, g.index) not in reserved}  # fmt: skip
         on_card = {i: held.get((node.name, i), []) for i in cards}
-        awake = {i: sum(_awake_mb(r, inputs, cards[i]) for r in on) for i, on in on_card.items()}
+        awake = {i: sum(awake_held_mb(r, cards[i]) for r in on) for i, on in on_card.items()}
 
         def fitting(victims, cards=cards, on_card=on_card, awake=awake) -> list[int]:
             gone = {v.id for v in victims}
@@ -291,7 +288,7 @@ def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, block
                 for i in sorted(cards)
                 if fits_beside(
                     cards[i],
-                    awake[i] - sum(_awake_mb(r, inputs, cards[i]) for r in on_card[i]
+                    awake[i] - sum(awake_held_mb(r, cards[i]) for r in on_card[i]
                                    if r.id in gone),  # fmt: skip
                     waiting.gpu_memory_mb,
                 )

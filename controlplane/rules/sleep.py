@@ -27,31 +27,34 @@ asleep, plus the time it has slept: a known lower bound, never `unknown`.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from controlplane.rules.held import (
+    asleep_held_mb,
+    awake_held_mb,
+    holds_awake,
+    holds_memory,
+    holds_reserve,
+)
 from controlplane.rules.placement import eligible, fits_beside
 from controlplane.rules.room import RoomInputs, residency, why_not
 from controlplane.vocabulary.idle import IdleState
-from controlplane.vocabulary.model import HOLDING, ModelSpec, Node, Replica, ReplicaState
+from controlplane.vocabulary.model import ModelSpec, Node, Replica, ReplicaState
 from controlplane.vocabulary.specs import format_duration as duration
 
 Gpu = tuple[str, int]
-# A fleet-driven sleeper: its memory is its reserve, its card is free for an awake replica.
-SLEEPER_STATES = {ReplicaState.SLEEPING, ReplicaState.ASLEEP}
 
 
 def holds_card(replica: Replica) -> bool:
-    """Whether `replica` keeps its cards from any other awake replica: awake, or on its way
-    to or from sleep with its engine still holding them."""
-    if replica.state == ReplicaState.SLEEPING:
-        return replica.sleep == 0  # still awake: its routers are dropping it
-    return replica.state in HOLDING
+    """Whether `replica`'s engine holds its awake memory (rules/held.py): from its start
+    order until its agent says it sleeps or is gone; on its way to or out of sleep too."""
+    return holds_awake(replica)
 
 
 def is_sleeper(replica: Replica) -> bool:
-    """A replica whose cards' memory it keeps only its reserve of (or will, once asleep)."""
-    return replica.state in SLEEPER_STATES
+    """A replica whose agent said it sleeps: it holds its reserve of its cards' memory."""
+    return holds_reserve(replica)
 
 
 def card_mb(nodes: dict[str, Node], gpu: Gpu) -> int:
@@ -61,10 +64,25 @@ def card_mb(nodes: dict[str, Node], gpu: Gpu) -> int:
     return next((g.memory_mb for g in node.gpus if g.index == gpu[1]), 0)
 
 
+def reserve_of(replica: Replica, gpu: Gpu) -> int:
+    """MiB `replica` keeps of `gpu` asleep: what it holds there once its agent said it sleeps,
+    its reserve when a plan puts it to sleep."""
+    if not holds_memory(replica, gpu[0]):
+        return 0
+    return asleep_held_mb(replica) if replica.asleep_held else max(1, replica.reserve_mb)
+
+
+def awake_of(replica: Replica, nodes: dict[str, Node], gpu: Gpu) -> int:
+    """MiB `replica` holds of `gpu` awake (0 once its process is gone from that node)."""
+    if not holds_memory(replica, gpu[0]):
+        return 0
+    return awake_held_mb(replica, card_mb(nodes, gpu))
+
+
 @dataclass
 class Memory:
-    """What engines keep of each card's memory: sleepers their asleep memory (`reserve`),
-    awake engines their `gpu_memory` (`awake`); and level-1 sleepers' host memory per node
+    """What engines hold of each card's memory (rules/held.py): sleepers their reserve
+    (`reserve`), the rest all they hold (`awake`); and level-1 sleepers' host memory per node
     (MiB)."""
 
     reserve: dict[Gpu, int] = field(default_factory=lambda: defaultdict(int))
@@ -72,22 +90,21 @@ class Memory:
     host_used: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     awake: dict[Gpu, int] = field(default_factory=lambda: defaultdict(int))
 
-    def add(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
-        """`replica` asleep (or on its way)."""
-        for piece in replica.placement:
-            for index in piece.gpus:
-                gpu = (piece.node, index)
-                self.reserve[gpu] += spec.asleep_mb()
-                self.sleepers_on[gpu].append(replica)
-                self.host_used[piece.node] += spec.host_mb(card_mb(nodes, gpu))
-
-    def add_awake(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
+    def add(self, replica: Replica, spec: ModelSpec | None, nodes: dict[str, Node]) -> None:
+        """`replica` asleep (or, in a plan, put to sleep)."""
         for gpu in gpus_of(replica):
-            self.awake[gpu] += awake_on(spec, nodes, gpu)
+            self.reserve[gpu] += reserve_of(replica, gpu)
+            self.sleepers_on[gpu].append(replica)
+            if spec is not None:
+                self.host_used[gpu[0]] += spec.host_mb(card_mb(nodes, gpu))
 
-    def remove_awake(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
+    def add_awake(self, replica: Replica, nodes: dict[str, Node]) -> None:
         for gpu in gpus_of(replica):
-            self.awake[gpu] -= awake_on(spec, nodes, gpu)
+            self.awake[gpu] += awake_of(replica, nodes, gpu)
+
+    def remove_awake(self, replica: Replica, nodes: dict[str, Node]) -> None:
+        for gpu in gpus_of(replica):
+            self.awake[gpu] -= awake_of(replica, nodes, gpu)
 
     def used(self) -> dict[Gpu, int]:
         """MiB each card's engines hold, awake and asleep."""
@@ -104,41 +121,39 @@ class Memory:
         copy.sleepers_on.update({gpu: list(on) for gpu, on in self.sleepers_on.items()})
         return copy
 
-    def remove(self, replica: Replica, spec: ModelSpec, nodes: dict[str, Node]) -> None:
-        for piece in replica.placement:
-            for index in piece.gpus:
-                gpu = (piece.node, index)
-                self.reserve[gpu] -= spec.asleep_mb()
-                self.sleepers_on[gpu] = [r for r in self.sleepers_on[gpu] if r.id != replica.id]
-                self.host_used[piece.node] -= spec.host_mb(card_mb(nodes, gpu))
+    def remove(self, replica: Replica, spec: ModelSpec | None, nodes: dict[str, Node]) -> None:
+        for gpu in gpus_of(replica):
+            self.reserve[gpu] -= reserve_of(replica, gpu)
+            self.sleepers_on[gpu] = [r for r in self.sleepers_on[gpu] if r.id != replica.id]
+            if spec is not None:
+                self.host_used[gpu[0]] -= spec.host_mb(card_mb(nodes, gpu))
 
 
 def gpus_of(replica: Replica) -> list[Gpu]:
     return [(piece.node, index) for piece in replica.placement for index in piece.gpus]
 
 
-def awake_on(spec: ModelSpec, nodes: dict[str, Node], gpu: Gpu) -> int:
-    """MiB an awake engine of `spec` holds on `gpu`; at least 1, so that a card whose size is
-    not known still counts as used."""
-    return max(1, spec.awake_mb(card_mb(nodes, gpu)))
-
-
 def memory_of(replicas: list[Replica], specs: dict[str, ModelSpec], nodes) -> Memory:
+    """What every replica holds of its cards now, whether or not its model is still applied."""
     memory = Memory()
     for replica in replicas:
-        spec = specs.get(replica.model)
-        if spec is None:
-            continue
         if is_sleeper(replica):
-            memory.add(replica, spec, nodes)
-        if holds_card(replica):
-            memory.add_awake(replica, spec, nodes)
+            memory.add(replica, specs.get(replica.model), nodes)
+        elif holds_card(replica):
+            memory.add_awake(replica, nodes)
     return memory
 
 
 def fits_awake(spec: ModelSpec, gpu: Gpu, nodes: dict[str, Node], used: int) -> bool:
-    """Whether an awake engine of `spec` fits on `gpu` beside `used` MiB of other engines."""
+    """Whether a new awake engine of `spec` fits on `gpu` beside `used` MiB of other engines."""
     return fits_beside(card_mb(nodes, gpu), used, spec.gpu_memory_mb)
+
+
+def fits_woken(sleeper: Replica, gpu: Gpu, nodes: dict[str, Node], used: int) -> bool:
+    """Whether `sleeper`, woken, fits on `gpu` beside `used` MiB of other engines: it takes
+    the share it was started with again, whatever its spec says now."""
+    card = card_mb(nodes, gpu)
+    return fits_beside(card, used, awake_held_mb(sleeper, card) if sleeper.memory_share else None)
 
 
 def host_short(replica: Replica, spec: ModelSpec, nodes: dict[str, Node], memory: Memory) -> dict:
@@ -214,7 +229,7 @@ def _idle_sleeps(spec, mine, inputs: RoomInputs, nodes, memory: Memory) -> list[
     for seconds, replica in sorted(candidates, key=lambda c: (-c[0], c[1].id))[:may]:
         if host_short(replica, spec, nodes, memory):
             continue  # it stays awake; scale to zero may stop it later
-        memory.remove_awake(replica, spec, nodes)
+        memory.remove_awake(replica, nodes)
         memory.add(replica, spec, nodes)
         bound = "≥" if inputs.idle[replica.id][1] == IdleState.AT_LEAST else ""
         moves.append(Move(replica, "sleep", f"idle {bound}{duration(seconds)}"))
@@ -297,10 +312,15 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
         blocker = f"{sleeper.id}: node {node_down[0]} is not usable"
         return WakePlan(None, blockers=[blocker], final=True)
     trial = memory.copy()
-    trial.remove(sleeper, inputs.specs[sleeper.model], nodes)
-    if all(fits_awake(waiting, gpu, nodes, trial.awake[gpu]) for gpu in gpus):
+    trial.remove(sleeper, inputs.specs.get(sleeper.model), nodes)
+
+    def fits(used: Memory) -> bool:
+        return all(fits_woken(sleeper, gpu, nodes, used.awake[gpu]) for gpu in gpus)
+
+    planned: Counter = Counter()
+    if fits(trial):
         # It fits beside what is awake there: only sleepers may have to make way.
-        moves = memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id})
+        moves = memory_stops(waiting, gpus, inputs, trial, {sleeper.id}, planned, sleeper)
         if any(m.action == "blocked" for m in moves):
             blocked = [m.why for m in moves if m.action == "blocked"]
             return WakePlan(None, blockers=blocked, final=True)
@@ -321,14 +341,15 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
     victims, freed = [], trial.copy()
     takeable.sort(key=lambda r: (-inputs.idle.get(r.id, (0.0, None))[0], r.id))
     for occupant in takeable:
-        if all(fits_awake(waiting, gpu, nodes, freed.awake[gpu]) for gpu in gpus):
+        if fits(freed):
             break
-        freed.remove_awake(occupant, inputs.specs[occupant.model], nodes)
+        freed.remove_awake(occupant, nodes)
         victims.append(occupant)
-    if not all(fits_awake(waiting, gpu, nodes, freed.awake[gpu]) for gpu in gpus):
+    if not fits(freed):
         return WakePlan(None, blockers=blockers, final=final)
-    moves = victim_moves(victims, f"to wake {sleeper.id}", inputs, trial)
-    moves = settled(moves + memory_stops(waiting, gpus, inputs, trial, keep={sleeper.id}))
+    moves = victim_moves(victims, f"to wake {sleeper.id}", inputs, trial, planned)
+    stops = memory_stops(waiting, gpus, inputs, trial, {sleeper.id}, planned, sleeper)
+    moves = settled(moves + stops)
     if any(m.action == "blocked" for m in moves):
         blocked = [m.why for m in moves if m.action == "blocked"]
         return WakePlan(None, blockers=blocked, final=True)
@@ -346,52 +367,66 @@ def _usable(node: Node | None) -> bool:
 
 
 def victim_moves(
-    victims: list[Replica], purpose: str, inputs: RoomInputs, memory: Memory | None = None
+    victims: list[Replica],
+    purpose: str,
+    inputs: RoomInputs,
+    memory: Memory | None = None,
+    planned: Counter | None = None,
 ) -> list[Move]:
     """What each victim of making room does: sleep where its model sleeps and its node has
     the host memory (a level-1 sleeper of another model on that node stopping for it, if need
-    be), else stop. `memory` is updated with the sleeps planned."""
+    be), else stop. `memory` is updated with the sleeps planned; `planned` counts the stops
+    per model, this plan's and those planned before it."""
     nodes = {n.name: n for n in inputs.nodes}
     if memory is None:
         memory = memory_of(inputs.replicas, inputs.specs, nodes)
+    planned = Counter() if planned is None else planned
     moves: list[Move] = []
     for victim in victims:
         spec = inputs.specs.get(victim.model)
-        if spec is not None and holds_card(victim):
-            memory.remove_awake(victim, spec, nodes)  # its cards' memory comes free
+        if holds_card(victim):
+            memory.remove_awake(victim, nodes)  # its cards' memory comes free, once it sleeps
         if spec is None or not spec.sleeps:
+            planned[victim.model] += 1
             moves.append(Move(victim, "stop", f"stopped {purpose}"))
             continue
         short = host_short(victim, spec, nodes, memory)
-        freeing = _host_freeing_stops(short, inputs, memory, nodes) if short else []
+        freeing = _host_freeing_stops(short, inputs, memory, nodes, planned) if short else []
         if short and freeing is None:
+            planned[victim.model] += 1
             moves.append(Move(victim, "stop", f"stopped {purpose} (no host memory to sleep)"))
             continue
         for move in freeing or []:
-            memory.remove(move.replica, inputs.specs[move.replica.model], nodes)
+            memory.remove(move.replica, inputs.specs.get(move.replica.model), nodes)
             moves.append(move)
         memory.add(victim, spec, nodes)
         moves.append(Move(victim, "sleep", f"put to sleep {purpose}"))
     return moves
 
 
-def _host_freeing_stops(short: dict, inputs: RoomInputs, memory: Memory, nodes) -> list | None:
+def _host_freeing_stops(
+    short: dict, inputs: RoomInputs, memory: Memory, nodes, planned: Counter
+) -> list | None:
     """Level-1 sleepers to stop, longest idle first, so that `short` MiB of host memory come
-    free on each node; None when they cannot."""
+    free on each node; None when they cannot. Each stop is counted in `planned` at once, so
+    that the next one sees its model one fewer."""
     moves = []
+    chosen: list[Replica] = []
     for node, missing in short.items():
         sleepers = {
             r.id: r
             for gpu, on in memory.sleepers_on.items()
             if gpu[0] == node
             for r in on
-            if r.state == ReplicaState.ASLEEP and inputs.specs[r.model].sleep_level == 1
+            if r.state == ReplicaState.ASLEEP
+            and (spec := inputs.specs.get(r.model)) is not None
+            and spec.sleep_level == 1
         }
         for sleeper in sorted(sleepers.values(), key=lambda r: -sleeper_idle(r, inputs.now)):
             if missing <= 0:
                 break
             spec = inputs.specs[sleeper.model]
-            if not _may_lose_one(spec, inputs):
+            if not _may_lose_one(spec, inputs, planned):
                 continue
             freed = sum(
                 spec.host_mb(card_mb(nodes, (p.node, i)))
@@ -399,15 +434,23 @@ def _host_freeing_stops(short: dict, inputs: RoomInputs, memory: Memory, nodes) 
                 if p.node == node
                 for i in p.gpus
             )
+            planned[sleeper.model] += 1
+            chosen.append(sleeper)
             moves.append(Move(sleeper, "stop", "stopped asleep to free host memory"))
             missing -= freed
         if missing > 0:
+            for sleeper in chosen:  # not carried out: they count no more
+                planned[sleeper.model] -= 1
             return None
     return moves
 
 
-def _may_lose_one(spec: ModelSpec, inputs: RoomInputs) -> bool:
-    return inputs.desired.get(spec.name, spec.replicas) > spec.floor
+def _may_lose_one(spec: ModelSpec | None, inputs: RoomInputs, planned: Counter) -> bool:
+    """Whether one more of `spec`'s replicas may stop, after the stops already planned; a
+    deleted model's may always."""
+    if spec is None:
+        return True
+    return inputs.desired.get(spec.name, spec.replicas) - planned[spec.name] > spec.floor
 
 
 def memory_stops(
@@ -416,28 +459,41 @@ def memory_stops(
     inputs: RoomInputs,
     memory: Memory,
     keep: frozenset | set = frozenset(),
+    planned: Counter | None = None,
+    woken: Replica | None = None,
 ) -> list[Move]:
-    """Sleepers to stop, largest reserve first, so that an awake engine of `spec` fits on each
-    of `gpus`; a Move "blocked" when one cannot be (its model at min_replicas)."""
+    """Sleepers to stop, largest reserve first, so that an awake engine of `spec` (or
+    `woken`, a sleeper of it, at the share it was started with) fits on each of `gpus`; a
+    Move "blocked" when one cannot be (its model at min_replicas, counting the stops planned
+    before, in `planned`)."""
     nodes = {n.name: n for n in inputs.nodes}
+    planned = Counter() if planned is None else planned
     moves: list[Move] = []
     stopped: set[str] = set()
+
+    def fits(gpu: Gpu) -> bool:
+        used = memory.used_on(gpu)
+        if woken is not None:
+            return fits_woken(woken, gpu, nodes, used)
+        return fits_awake(spec, gpu, nodes, used)
+
     for gpu in gpus:
         on = [r for r in memory.sleepers_on.get(gpu, []) if r.id not in keep]
-        on.sort(key=lambda r: (-inputs.specs[r.model].asleep_mb(), r.id))
-        while not fits_awake(spec, gpu, nodes, memory.used_on(gpu)):
+        on.sort(key=lambda r: (-reserve_of(r, gpu), r.id))
+        while not fits(gpu):
             if not on:
                 moves.append(Move(None, "blocked", f"GPU {gpu[1]} on {gpu[0]} is too small"))
                 return moves
             sleeper = on.pop(0)
             if sleeper.id in stopped:
                 continue
-            other = inputs.specs[sleeper.model]
-            if not _may_lose_one(other, inputs):
+            other = inputs.specs.get(sleeper.model)
+            if not _may_lose_one(other, inputs, planned):
                 why = f"{sleeper.id}: asleep, min_replicas {other.floor} keeps it"
                 moves.append(Move(None, "blocked", why))
                 return moves
             memory.remove(sleeper, other, nodes)
             stopped.add(sleeper.id)
+            planned[sleeper.model] += 1
             moves.append(Move(sleeper, "stop", f"stopped asleep to make room for {spec.name}"))
     return moves

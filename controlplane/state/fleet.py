@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from controlplane.rules.adapters import Adapter, slot_id
 from controlplane.rules.autoscale import Window
 from controlplane.rules.cost import GpuMeter
+from controlplane.rules.held import fix_started
 from controlplane.rules.sleep import Memory, memory_of
 from controlplane.rules.tenantshares import TenantLedger
 from controlplane.rules.view import FleetView, TickSettings, desired, held_gpus, reserved_gpus
@@ -90,6 +91,9 @@ class Fleet(Intents, TenantIntents, AgentReports):
         self.reasons: dict[str, str] = {}
         self.events: dict[str, deque] = {}
         self.leaving_specs: dict[str, ModelSpec] = {}  # deleted models' specs, while they stop
+        for replica in replicas.values():
+            if not replica.memory_share:
+                self._memory_of_older_version(replica)
         # model -> replicas kept now, when idleness brought it below its spec's `replicas`
         self.scaled: dict[str, int] = store.load_scaled()
         # What the leader acts on between ticks, kept as records (controlplane/state/records.py)
@@ -208,12 +212,36 @@ class Fleet(Intents, TenantIntents, AgentReports):
             created_at=now,
             updated_at=now,
         )
+        self._fix_memory(replica)
         self.put_replica(replica)
         self.replicas[replica.id] = replica
         self._index(replica)
         self.changed = True
         self.event(model, f"replica {replica.id} placed on {', '.join(replica.nodes)}")
         return replica
+
+    def _fix_memory(self, replica: Replica) -> None:
+        """What its engine is started with, kept on it for its life (rules/held.py)."""
+        spec = self.specs.get(replica.model) or self.leaving_specs.get(replica.model)
+        if spec is None:
+            return
+        cards = [
+            g.memory_mb
+            for piece in replica.placement
+            if piece.node in self.nodes
+            for g in self.nodes[piece.node].gpus
+            if g.index in piece.gpus
+        ]
+        fix_started(replica, spec, cards)
+
+    def _memory_of_older_version(self, replica: Replica) -> None:
+        """A replica stored before engines' shares were kept: the share an older version
+        handed out for its spec (rounded to the nearest hundredth, so up to one more), and
+        asleep as its state says."""
+        self._fix_memory(replica)
+        if replica.memory_share:
+            replica.memory_share = min(1.0, round(replica.memory_share + 0.01, 2))
+        replica.asleep_held = replica.state == ReplicaState.ASLEEP
 
     def _index(self, replica: Replica) -> None:
         for node in replica.nodes:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from controlplane.rules.held import DEFAULT_SHARE, allowed_mb, engine_gone
 from controlplane.vocabulary.errors import BadRequest
 from controlplane.vocabulary.idle import SLOT_SEP
 from controlplane.vocabulary.model import (
     GPU,
     RESIDENT,
     SELF_WAKING,
-    ModelSpec,
     Node,
     Replica,
     ReplicaState,
@@ -98,6 +98,8 @@ class AgentReports:
             node.last_heartbeat = self.clock()
             for replica_id, report in reports.items():
                 self._replica_report(node, replica_id, report)
+            if "replicas" in body:  # an agent that says nothing of its engines says none gone
+                self._note_gone(node, reports)
             self._forget_stopped(node, reports)
         return self.assignments(name)
 
@@ -148,11 +150,13 @@ class AgentReports:
         )
 
     def _memory_report(self, node: Node, replica: Replica, used_mb: int) -> None:
-        """What its engine holds of a card; stored when it crosses what its spec allows."""
-        replica.gpu_memory_used_mb = used_mb
-        spec = self.specs.get(replica.model)
+        """What its engine holds of a card; stored when it crosses what it was started with
+        (awake) or its reserve (asleep)."""
+        replica.gpu_memory_used_mb = used_mb  # read again each beat: kept in memory only
         card = next((g.memory_mb for g in node.gpus if g.index in replica.placement[0].gpus), 0)
-        over = memory_over(used_mb, spec.awake_mb(card)) if spec is not None and card else ""
+        spec = self.specs.get(replica.model)
+        allowed = allowed_mb(replica, card, spec)
+        over = memory_over(used_mb, allowed, replica.asleep_held) if card else ""
         if over != replica.memory_over:
             replica.memory_over = over
             self.put_replica(replica)
@@ -273,6 +277,9 @@ class AgentReports:
         if not leader:
             return True
         if replica.state == ReplicaState.SLEEPING and replica.sleep and state == "Asleep":
+            # From now on it holds its reserve: what was read of it awake says nothing of it.
+            replica.asleep_held = True
+            replica.gpu_memory_used_mb = 0
             self.set_replica_state(replica, ReplicaState.ASLEEP, f"asleep at level {replica.sleep}")
             self.sleep_totals[replica.model] = self.sleep_totals.get(replica.model, 0) + 1
         elif replica.state == ReplicaState.WAKING and state == "Ready":
@@ -283,6 +290,19 @@ class AgentReports:
             self._swapped_in(replica)
             self.set_replica_state(replica, ReplicaState.READY, f"woken in {seconds:.1f}s")
         return True
+
+    def _note_gone(self, node: Node, reports: dict) -> None:
+        """A Failed replica holds its cards' memory until its agent says its process is gone
+        (rules/held.py): a failed wake's engine may still be waking, a lost node's engines
+        may still run."""
+        for replica_id in self.on_node.get(node.name, ()):
+            replica = self.replicas[replica_id]
+            if replica.state != ReplicaState.FAILED or node.name in replica.gone_from:
+                continue
+            if engine_gone(replica, node.name, reports.get(replica_id)):
+                replica.gone_from = [*replica.gone_from, node.name]
+                self.put_replica(replica)
+                self.changed = True
 
     def _forget_stopped(self, node: Node, reports: dict) -> None:
         """A Stopping replica whose agents no longer run it is gone."""
@@ -314,7 +334,7 @@ class AgentReports:
                         "adapters": self._adapters_held(replica),
                         "engine": spec.engine,
                         "engine_endpoints": spec.engine_endpoints,
-                        "gpu_memory_utilization": self._memory_share(spec, piece),
+                        "gpu_memory_utilization": f"{replica.memory_share or DEFAULT_SHARE:.2f}",
                         "replica": replica.id,
                         "model": replica.model,
                         "command": spec.command,
@@ -339,16 +359,6 @@ class AgentReports:
             {"name": name, "source": self.adapters[name].source if name in self.adapters else ""}
             for name in names
         ]
-
-    def _memory_share(self, spec: ModelSpec, piece) -> str:
-        """The share of each card the engine may take awake, for {gpu_memory_utilization}:
-        what the spec asks for, of the smallest card it runs on."""
-        node = self.nodes.get(piece.node)
-        cards = [g.memory_mb for g in (node.gpus if node else []) if g.index in piece.gpus]
-        smallest = min((mb for mb in cards if mb > 0), default=0)
-        if not smallest:
-            return "0.9"
-        return f"{min(spec.awake_mb(smallest) / smallest, 1.0):.2f}"
 
     def _swapped_in(self, replica: Replica) -> None:
         """A replica placed on room made for it is Ready: the swap is done."""

@@ -110,6 +110,9 @@ class Executor:
         if act.swap_since is not None:
             self.fleet.swapping[replica.id] = (replica.model, act.swap_since)
         replica.sleep = 0
+        # It holds all its memory again from this order on (rules/held.py).
+        replica.asleep_held = False
+        replica.gpu_memory_used_mb = 0
         replica.woken_at = self.fleet.wall()
         self.fleet.set_replica_state(replica, ReplicaState.WAKING, act.why)
 

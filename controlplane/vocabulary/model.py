@@ -43,13 +43,15 @@ SELF_WAKING = ("llama.cpp",)
 MEMORY_TOLERANCE = 0.05
 
 
-def memory_over(used_mb: int, allowed_mb: int) -> str:
-    """Why an engine holding `used_mb` of a card is over what its spec allows ("" if not)."""
+def memory_over(used_mb: int, allowed_mb: int, asleep: bool = False) -> str:
+    """Why an engine holding `used_mb` of a card is over what it was started with (or, asleep,
+    its reserve) ("" if not)."""
     if used_mb <= 0 or allowed_mb <= 0 or used_mb <= allowed_mb * (1 + MEMORY_TOLERANCE):
         return ""
     over = 100 * (used_mb - allowed_mb) // allowed_mb
+    what = "its asleep reserve" if asleep else "its gpu_memory"
     return (
-        f"its engine holds {used_mb} MiB of a card, {over}% over its gpu_memory "
+        f"its engine holds {used_mb} MiB of a card, {over}% over {what} "
         f"({allowed_mb} MiB): it would starve its neighbours"
     )
 
@@ -297,6 +299,14 @@ class Replica:
     # why that is too much for the neighbours it shares cards with ("" when it is not).
     gpu_memory_used_mb: int = 0
     memory_over: str = ""
+    # What its engine was started with and holds (controlplane/rules/held.py): the share of
+    # each card in its command, fixed at placement; its asleep reserve (MiB a card); whether
+    # its agent said it sleeps (it holds only the reserve until told to wake); and the nodes
+    # whose agents said its process is gone there.
+    memory_share: float = 0.0
+    reserve_mb: int = 0
+    asleep_held: bool = False
+    gone_from: list[str] = field(default_factory=list)
 
     @property
     def gpu_count(self) -> int:
@@ -332,6 +342,10 @@ class Replica:
             "lost": self.lost,
             "gpu_memory_used_mb": self.gpu_memory_used_mb,
             "memory_over": self.memory_over,
+            "memory_share": self.memory_share,
+            "reserve_mb": self.reserve_mb,
+            "asleep_held": self.asleep_held,
+            "gone_from": list(self.gone_from),
         }
 
     def copy(self) -> Replica:
@@ -360,6 +374,10 @@ class Replica:
             self.lost,
             self.gpu_memory_used_mb,
             self.memory_over,
+            self.memory_share,
+            self.reserve_mb,
+            self.asleep_held,
+            list(self.gone_from),
         )
 
     @classmethod

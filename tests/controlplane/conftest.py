@@ -1,10 +1,11 @@
 import pytest
 
+from controlplane.rules.held import fix_started
 from controlplane.state.fleet import Fleet
 from controlplane.state.store import SqliteStore
 from controlplane.tick.reconciler import Reconciler
 from controlplane.vocabulary.idle import IdleTracker
-from controlplane.vocabulary.model import GPU, Node
+from controlplane.vocabulary.model import GPU, Node, ReplicaState
 
 
 class Clock:
@@ -100,3 +101,25 @@ class ReportingRouter:
                 "waiting": waiting or {},
             }
         )
+
+
+def as_placed(replicas, specs, nodes):
+    """`replicas` as the fleet keeps them once placed (controlplane/rules/held.py): the share
+    each engine was started with, from its spec and cards, and a sleeper's reserve once its
+    agent said it sleeps. `specs` and `nodes`: by name. Returns the list."""
+    specs = specs if isinstance(specs, dict) else {s.name: s for s in specs}
+    nodes = nodes if isinstance(nodes, dict) else {n.name: n for n in nodes}
+    for replica in replicas:
+        spec_ = specs.get(replica.model)
+        if spec_ is None:
+            continue
+        cards = [
+            g.memory_mb
+            for piece in replica.placement
+            if piece.node in nodes
+            for g in nodes[piece.node].gpus
+            if g.index in piece.gpus
+        ]
+        fix_started(replica, spec_, cards)
+        replica.asleep_held = replica.state == ReplicaState.ASLEEP
+    return list(replicas)

@@ -11,6 +11,7 @@ from controlplane.rules.cost import (
     tokens_by_minute,
 )
 from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
+from tests.controlplane.conftest import as_placed
 
 NODES = {
     "n1": Node("n1", "10.0.0.1", "ib-a", [GPU(i, f"G{i}", "H100-80GB", 81920) for i in range(4)])
@@ -34,7 +35,7 @@ def test_a_shared_card_is_split_by_the_memory_each_engine_takes():
     }
     replicas = [replica("s-1", "small", [0]), replica("b-1", "big", [0]),
                 replica("a-1", "alone", [1, 2])]  # fmt: skip
-    charged = card_seconds(replicas, specs, NODES, 10.0)
+    charged = card_seconds(as_placed(replicas, specs, NODES), specs, NODES, 10.0)
     assert charged["small"][0] == pytest.approx(2.5) and charged["big"][0] == pytest.approx(7.5)
     assert charged["alone"][0] == pytest.approx(20.0), "two cards, ten seconds"
     assert charged[FLEET][0] == pytest.approx(30.0), "three cards hold awake engines"
@@ -42,7 +43,8 @@ def test_a_shared_card_is_split_by_the_memory_each_engine_takes():
 
 def test_a_sleeper_is_charged_its_asleep_memory_not_gpu_time():
     specs = {"nap": spec("nap", engine="vllm", sleep_level=1)}
-    charged = card_seconds([replica("n-1", "nap", [3], ReplicaState.ASLEEP)], specs, NODES, 60.0)
+    asleep = as_placed([replica("n-1", "nap", [3], ReplicaState.ASLEEP)], specs, NODES)
+    charged = card_seconds(asleep, specs, NODES, 60.0)
     assert charged["nap"] == [0.0, pytest.approx(60.0)], "1 GiB asleep for a minute"
     assert charged[FLEET][0] == 0.0
 

@@ -18,7 +18,7 @@ from controlplane.vocabulary.idle import IdleState
 from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
 from sim.fleet import parse_fleet
 from tests.agent.fake_nvml import FakeGPU, FakeNvml
-from tests.controlplane.conftest import ReportingRouter, make_node, spec
+from tests.controlplane.conftest import ReportingRouter, as_placed, make_node, spec
 from tests.controlplane.test_sleep import HOST_MB, obeying_agent, wait
 
 CLASS = "H100-80GB"
@@ -92,7 +92,7 @@ def test_replicas_of_one_model_go_to_cards_apart():
 def room_inputs(replicas, specs, in_flight=None, idle=None):
     return RoomInputs(
         nodes=[card_node()],
-        replicas=replicas,
+        replicas=as_placed(replicas, specs, [card_node()]),
         specs={s.name: s for s in specs},
         desired={s.name: 1 for s in specs},
         idle=idle or {r.id: (300.0, IdleState.EXACT) for r in replicas},

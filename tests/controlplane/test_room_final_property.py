@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from controlplane.rules.room import RoomInputs, plan_room
 from controlplane.vocabulary.idle import IdleState
 from controlplane.vocabulary.model import GPU, HOLDING, Node, ReplicaState
+from tests.controlplane.conftest import as_placed
 from tests.controlplane.test_room import CLASS, NOW, model, replica
 
 LEAVING = {ReplicaState.RETIRING, ReplicaState.STOPPING}
@@ -62,7 +63,7 @@ def fleets(draw):
     reserved = {gpu: "other" for gpu in free if draw(st.integers(0, 3)) == 0}
     inputs = RoomInputs(
         nodes=nodes,
-        replicas=replicas,
+        replicas=as_placed(replicas, specs, nodes),
         specs=specs,
         desired=desired,
         idle=idle,

@@ -192,8 +192,16 @@ def test_a_sleeper_that_does_not_wake_in_time_is_restarted_cold(make_fleet, cloc
     reconciler.tick()
     assert alpha.state == ReplicaState.FAILED
     assert "did not wake within 30s: restarted cold" in alpha.reason
+    assert [r.id for r in fleet.replicas_of("alpha")] == [alpha.id], (
+        "its engine may still be waking: its card holds it until its agent says it is gone"
+    )
+    fleet.heartbeat("n1", {"replicas": {alpha.id: {"state": "Stopping"}}})
+    reconciler.tick()
+    assert [r.id for r in fleet.replicas_of("alpha")] == [alpha.id], "stopping, not yet gone"
+    fleet.heartbeat("n1", {"replicas": {}})
+    reconciler.tick()
     assert any(r.state == ReplicaState.PENDING for r in fleet.replicas_of("alpha")), (
-        "a cold start in its place"
+        "a cold start in its place, once its engine is gone"
     )
 
 

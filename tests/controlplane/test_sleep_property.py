@@ -10,6 +10,7 @@ from controlplane.rules.room import RoomInputs
 from controlplane.rules.sleep import plan_idle, plan_wake
 from controlplane.vocabulary.idle import IdleState
 from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
+from tests.controlplane.conftest import as_placed
 
 NOW = 1_000_000.0
 CLASS = "H100-80GB"
@@ -93,7 +94,7 @@ def fleets(draw):
     desired = {s.name: max(1, sum(r.model == s.name for r in replicas)) for s in specs}
     inputs = RoomInputs(
         nodes=nodes,
-        replicas=replicas,
+        replicas=as_placed(replicas, specs, nodes),
         specs={s.name: s for s in specs},
         desired=desired,
         idle=idle,

@@ -15,11 +15,13 @@ records of failed replicas kept long enough.
 
 A lost replica is not stopped by its agent on the node's return: routers that could still
 reach the node may be streaming from it, so only the safe stop may end it. A Failed replica is
-forgotten after `failed_retention_s`.
+forgotten after `failed_retention_s`, once its agent has said its process is gone: until then
+it holds its cards' memory (controlplane/rules/held.py).
 """
 
 from __future__ import annotations
 
+from controlplane.rules.held import holds_memory
 from controlplane.rules.view import PRESENT, FleetView
 from controlplane.vocabulary.actions import Fail, Forget, NodeLost, Stop
 from controlplane.vocabulary.model import ReplicaState
@@ -65,8 +67,19 @@ def expired_failures(view: FleetView) -> list:
     return [
         Forget(r.id)
         for r in view.replicas.values()
-        if r.state == ReplicaState.FAILED and view.now - r.updated_at > keep
+        if r.state == ReplicaState.FAILED
+        and view.now - r.updated_at > keep
+        and not _engine_may_run(view, r)
     ]
+
+
+def _engine_may_run(view: FleetView, replica) -> bool:
+    """Whether a Failed replica's process may still hold memory on a node the fleet could
+    place on: its record stays until that node's agent says it is gone (rules/held.py)."""
+    return any(
+        holds_memory(replica, piece.node) and piece.node in view.nodes
+        for piece in replica.placement
+    )
 
 
 def orphans(view: FleetView) -> list:
@@ -79,6 +92,10 @@ def orphans(view: FleetView) -> list:
             continue
         if replica.state in PRESENT:
             actions.append(Stop(replica.id, "model deleted"))
-        elif replica.state == ReplicaState.FAILED and not replica.lost:
+        elif (
+            replica.state == ReplicaState.FAILED
+            and not replica.lost
+            and not _engine_may_run(view, replica)
+        ):
             actions.append(Forget(replica.id))  # a lost one may come back with its node
     return actions

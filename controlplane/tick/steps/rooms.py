@@ -28,9 +28,11 @@ kept for the ones before it.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from controlplane.rules.placement import eligible
 from controlplane.rules.room import plan_room
-from controlplane.rules.sleep import fits_awake, memory_stops, settled, victim_moves
+from controlplane.rules.sleep import fits_awake, fits_woken, memory_stops, settled, victim_moves
 from controlplane.rules.view import PRESENT, FleetView
 from controlplane.state.records import Reservation
 from controlplane.tick.steps.moves import carry_out
@@ -65,13 +67,21 @@ def place_on_reserved(view: FleetView, model: str) -> list:
     if not usable:
         return [Release(model)]  # its model went, or a node: plan again
     memory = view.sleepers()
-    crowded = [
-        gpu for gpu in kept.gpus() if not fits_awake(spec, gpu, view.nodes, memory.awake[gpu])
-    ]
+    woken = view.replicas.get(kept.wake) if kept.wake else None
+    if woken is not None:
+        memory.remove(woken, spec, view.nodes)  # its own reserve becomes its awake memory
+
+    def fits(gpu) -> bool:
+        if woken is not None:
+            return fits_woken(woken, gpu, view.nodes, memory.awake[gpu])
+        return fits_awake(spec, gpu, view.nodes, memory.awake[gpu])
+
+    crowded = [gpu for gpu in kept.gpus() if not fits(gpu)]
     if crowded:
         given_up = give_up_room(view, spec, kept)
         return [Release(model, given_up)] if given_up else []  # else a victim still goes
-    stops = memory_stops(spec, sorted(kept.gpus()), view.room_inputs(), memory, {kept.wake})
+    gpus = sorted(kept.gpus())
+    stops = memory_stops(spec, gpus, view.room_inputs(), memory, {kept.wake}, woken=woken)
     if stops:
         # Sleepers beside the freed cards leave too little memory for it awake.
         actions = carry_out(view, stops)
@@ -186,10 +196,15 @@ def take_room(view: FleetView, spec, why: str, placement_reason: str) -> list:
         if blocked:
             return [SetReason(name, "waiting for room: " + "; ".join(blocked))]
         return carry_out(view, stops)
-    memory = view.sleepers()
-    moves = victim_moves(plan.victims, f"to make room for {name}: {why}", inputs, memory)
-    moves = settled(moves + memory_stops(spec, gpus, inputs, memory))
-    actions = carry_out(view, [m for m in moves if m.action != "blocked"])
+    memory, planned = view.sleepers(), Counter()
+    moves = victim_moves(plan.victims, f"to make room for {name}: {why}", inputs, memory, planned)
+    moves = settled(moves + memory_stops(spec, gpus, inputs, memory, planned=planned))
+    blocked = [m.why for m in moves if m.action == "blocked"]
+    if blocked:
+        # A room that cannot be made takes nothing: no victim goes for a model that still
+        # would not fit.
+        return [SetReason(name, "waiting for room: " + "; ".join(blocked))]
+    actions = carry_out(view, moves)
     victims = [v.id for v in plan.victims]
     since = view.demand_since.get(name, view.now)
     nodes = ", ".join(piece.node for piece in plan.placement)
