@@ -83,7 +83,7 @@ class SimRouter:
 
 
 class World:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, nodes=NODES, gpus: int = 2) -> None:
         self.path = directory / "state.sqlite"
         self.clock = Clock()
         self.stores = []
@@ -92,8 +92,8 @@ class World:
         self.dead: set[str] = set()  # replicas whose engine died
         self.running: dict[str, dict[str, bool]] = {}  # node -> replica -> asleep
         self.open()
-        for name in NODES:
-            self.fleet.register(make_node(name, gpus=2))
+        for name in nodes:
+            self.fleet.register(make_node(name, gpus=gpus))
 
     def open(self) -> None:
         """A control plane (again, after a leader change) on the same store."""
