@@ -133,6 +133,43 @@ def process_memory(nvml, indexes: list[int]) -> dict[tuple[int, int], int]:
     return out
 
 
+def engine_of(pid: int, leaders, proc: str = "/proc") -> tuple[int | None, str]:
+    """The engine (its first process's pid, one of `leaders`) that NVML's process `pid`
+    belongs to, and how it was found: its process group (an engine is started as a session
+    leader: vLLM's workers are its children and share its group), else its parents in the
+    process tree (a worker that made a group of its own, or where getpgid is refused), else
+    none: a pid of another PID namespace (a container that sees the host's NVML) names no
+    process here."""
+    try:
+        if os.getpgid(pid) in leaders:
+            return os.getpgid(pid), "process group"
+    except OSError:
+        pass
+    current = pid
+    for _ in range(64):  # a chain of parents is short; a loop in a racing /proc is not
+        if current in leaders:
+            return current, "process tree"
+        current = parent_pid(current, proc)
+        if current <= 1:
+            break
+    return None, ""
+
+
+def parent_pid(pid: int, proc: str = "/proc") -> int:
+    """`pid`'s parent from /proc/PID/stat (0 when it cannot be read)."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    # The name (field 2) may hold spaces and parentheses: fields after its last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return 0
+
+
 def check_health(nvml, index: int) -> tuple[bool, str]:
     """(healthy, reason) of one GPU from its counters; see the module doc for the rules."""
     try:
@@ -263,6 +300,7 @@ class NvmlInventory:
         self.fabric = node_fabric(self.gpus, fabric_flag, name)
         self.labels = labels or {}
         self.xids = XidWatcher(nvml, [g.index for g in self.gpus]).start() if watch_xids else None
+        self.memory_source = ""  # how the last reading tied NVML's processes to engines
 
     def describe(self) -> dict:
         return {
@@ -284,20 +322,25 @@ class NvmlInventory:
 
     def replica_memory(self, running: dict) -> dict[str, int]:
         """MiB each replica's engine holds on the fullest of its cards, from NVML's compute
-        processes; an engine's processes are its process group (it was started as a session
-        leader: vLLM's workers are its children)."""
-        by_group: dict[tuple[int, int], int] = {}
+        processes, each found to be an engine's (`engine_of`); `memory_source` says how the
+        last reading found them."""
+        leaders = {run.pid: replica for replica, run in running.items()}
+        held: dict[tuple[str, int], int] = {}
+        sources = set()
         for (pid, index), mb in process_memory(self.nvml, [g.index for g in self.gpus]).items():
-            try:
-                group = os.getpgid(pid)
-            except OSError:
-                continue  # gone, or in another PID namespace
-            by_group[(group, index)] = by_group.get((group, index), 0) + mb
-        out = {}
-        for replica, run in running.items():
-            held = [mb for (group, _), mb in by_group.items() if group == run.pid]
-            if held:
-                out[replica] = max(held)
+            leader, source = engine_of(pid, leaders)
+            if leader is None:
+                continue
+            sources.add(source)
+            key = (leaders[leader], index)
+            held[key] = held.get(key, 0) + mb
+        source = " and ".join(sorted(sources)) or "none found"
+        if source != self.memory_source:
+            log.info("engines' GPU memory found by %s", source)
+            self.memory_source = source
+        out: dict[str, int] = {}
+        for (replica, _), mb in held.items():
+            out[replica] = max(out.get(replica, 0), mb)
         return out
 
     def health(self) -> list[dict]:

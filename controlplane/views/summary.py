@@ -129,7 +129,11 @@ def shown_state(replica, nodes: dict) -> tuple[str, list[str]]:
     faults = gpu_faults(replica, nodes) if replica.state in HOLDING else []
     if faults and replica.state != ReplicaState.STOPPING:
         return DEGRADED, faults
-    if replica.memory_over and replica.state in (ReplicaState.READY, ReplicaState.UNHEALTHY):
+    if replica.memory_over and replica.state in (
+        ReplicaState.READY,
+        ReplicaState.UNHEALTHY,
+        ReplicaState.ASLEEP,  # over its reserve: its neighbours awake are short
+    ):
         return DEGRADED, faults
     if replica.state == ReplicaState.READY and replica.engine_asleep:
         return str(ReplicaState.ASLEEP), faults  # Ready all the same: a request wakes it

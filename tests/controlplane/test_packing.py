@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.agent.nvml import NvmlInventory
+from controlplane.agent.nvml import NvmlInventory, engine_of
 from controlplane.rules.placement import CARD_RESERVE_MB, Placer
 from controlplane.rules.room import RoomInputs, plan_room
 from controlplane.rules.sleep import memory_of
@@ -309,6 +309,29 @@ def test_the_agent_reads_each_engines_memory_from_its_process_group():
     run = SimpleNamespace(pid=os.getpgid(me))
     other = SimpleNamespace(pid=-7)
     assert inventory.replica_memory({"mine": run, "other": other}) == {"mine": 30 * 1024}
+
+
+def test_where_getpgid_is_refused_the_process_tree_finds_the_engine(tmp_path):
+    # NVML names pid 999999999 (no such process for getpgid here); /proc says its parent is
+    # 999999998, whose parent is the engine 4242. A stat's name may hold ") (".
+    for pid, parent in ((999_999_999, 999_999_998), (999_999_998, 4242), (4242, 1)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_bytes(f"{pid} (vllm ) (w) S {parent} 1 1".encode())
+    assert engine_of(999_999_999, {4242: "a"}, str(tmp_path)) == (4242, "process tree")
+    assert engine_of(999_999_999, {7: "b"}, str(tmp_path)) == (None, ""), "nobody's: left out"
+    me = os.getpid()
+    assert engine_of(me, {os.getpgid(me): "c"}) == (os.getpgid(me), "process group")
+
+
+def test_the_agent_says_how_it_found_each_engines_memory():
+    nvml = FakeNvml([FakeGPU()])
+    me = os.getpid()
+    nvml.processes = {0: [(me, 30 * 1024**3)]}
+    inventory = NvmlInventory(nvml, "n1", "127.0.0.1", None, watch_xids=False)
+    inventory.replica_memory({"mine": SimpleNamespace(pid=os.getpgid(me))})
+    assert inventory.memory_source == "process group"
+    inventory.replica_memory({})
+    assert inventory.memory_source == "none found"
 
 
 def test_a_simulated_card_counts_what_each_engine_was_told_unless_a_fault_says_more():
