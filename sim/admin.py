@@ -101,7 +101,24 @@ def build_admin(agents: dict) -> web.Application:
                 return _json({"replica": body["replica"], "mb": mb, "node": agent.inventory.name})
         return _error(404, f"no replica {body['replica']!r} runs on this simulated fleet")
 
+    async def cards(request):
+        """What each simulated card granted its engines, and every allocation it refused."""
+        return _json(
+            {
+                "items": [
+                    {
+                        "name": name,
+                        "memory_mb": agent.inventory.memory_mb,
+                        "held": dict(sorted(agent.inventory.claims.items())),
+                        "refusals": list(agent.inventory.refusals),
+                    }
+                    for name, agent in sorted(agents.items())
+                ]
+            }
+        )
+
     app.router.add_get("/nodes", nodes)
+    app.router.add_get("/cards", cards)
     app.router.add_post("/memory", memory)
     app.router.add_post("/gpu/{action:fail|heal}", gpu_fault)
     app.router.add_post("/silence", silence)

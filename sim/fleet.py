@@ -30,6 +30,7 @@ DEFAULT_FLEET = {
 
 
 REPLICA_MODES = ("processes", "in_process")
+ASLEEP_MB = 1024  # what a simulated engine keeps of a card asleep (CUDA context and graphs)
 
 
 class FleetFileError(ValueError):
@@ -52,6 +53,9 @@ class SimInventory:
     replicas: str = "processes"  # or "in_process"
     # replica -> MiB its engine takes per card, set by fault injection; else what it was told
     memory_taken: dict[str, int] = field(default_factory=dict)
+    # replica -> MiB each engine holds of each of its cards, as the cards granted it
+    claims: dict[str, int] = field(default_factory=dict)
+    refusals: list[dict] = field(default_factory=list)  # every allocation a card refused
 
     def describe(self) -> dict:
         return {
@@ -73,11 +77,54 @@ class SimInventory:
 
     def replica_memory(self, running: dict) -> dict[str, int]:
         """What NVML would say each replica's engine takes of one card (MiB): the share it
-        was told (vLLM's --gpu-memory-utilization takes just that), unless a fault says more."""
-        return {
-            replica: self.memory_taken.get(replica, round(run.memory_share * self.memory_mb))
-            for replica, run in running.items()
-        }
+        was told (vLLM's --gpu-memory-utilization takes just that), its reserve once it is
+        asleep, unless a fault says more."""
+        return {replica: self._held(replica, run) for replica, run in running.items()}
+
+    def _held(self, replica: str, run) -> int:
+        if replica in self.memory_taken:
+            return self.memory_taken[replica]
+        if getattr(run, "state", "") == "Asleep" and getattr(run, "sleep", 0):
+            return ASLEEP_MB
+        return int(run.memory_share * self.memory_mb)
+
+    def refuse_over(self, running: dict, stopping: dict) -> list[tuple[str, str]]:
+        """The engines this node's cards refuse, as a real card refuses an allocation past its
+        memory: each engine that asks for more than it holds (a start, a wake) and would take a
+        card past its size, in the order they asked. Returns (replica, why) for each; what
+        they held stays with them until the agent has ended them. Every refusal is kept in
+        `refusals`: no engine should ever meet one."""
+        alive = {**stopping, **running}
+        self.claims = {r: mb for r, mb in self.claims.items() if r in alive}
+        refused = []
+        for replica, run in sorted(running.items(), key=lambda item: item[1].started_at):
+            want = self._held(replica, run)
+            if want <= self.claims.get(replica, 0):
+                self.claims[replica] = want  # it gave memory back (asleep)
+                continue
+            full = [
+                (index, held)
+                for index in getattr(run, "gpus", [])
+                if (held := self._claimed_on(index, alive, but=replica)) + want > self.memory_mb
+            ]
+            if not full:
+                self.claims[replica] = want
+                continue
+            index, held = full[0]
+            why = (
+                f"CUDA out of memory: tried to allocate {want} MiB on GPU {index} "
+                f"({self.memory_mb} MiB) holding {held} MiB for other engines"
+            )
+            self.refusals.append({"replica": replica, "gpu": index, "why": why})
+            refused.append((replica, why))
+        return refused
+
+    def _claimed_on(self, index: int, alive: dict, but: str) -> int:
+        return sum(
+            mb
+            for replica, mb in self.claims.items()
+            if replica != but and index in getattr(alive[replica], "gpus", [])
+        )
 
     def health(self) -> list[dict]:
         return [

@@ -96,6 +96,7 @@ class InProcess:
     memory_share: float = 0.9  # the share of each card it was told it may take awake
     adapter_resolver: bool = False
     ever_assigned: list = field(default_factory=list)  # kept in the replica's record
+    gpus: list = field(default_factory=list)  # the indexes of its node's cards it runs on
 
 
 class InProcessSupervisor(Reconciles):
@@ -121,6 +122,7 @@ class InProcessSupervisor(Reconciles):
     def start(self, a: dict) -> None:
         record = InProcess(a["replica"], a["model"], a["rank"], time.time(), None)
         record.memory_share = float(a.get("gpu_memory_utilization") or 0.9)
+        record.gpus = list(a.get("gpus") or [])
         argv = expand(a["command"], {"port": "0", "model": a["model"], "host": "127.0.0.1"})
         try:
             settings = self.settings_of(sim_engine_args(argv))
@@ -149,6 +151,11 @@ class InProcessSupervisor(Reconciles):
         record.reason = "the engine exited with code -9"
         self.failed[replica] = record
         return True
+
+    def refuse(self, replica: str, why: str) -> None:
+        """Its card refused the engine memory: it dies as on CUDA's out-of-memory error."""
+        if self.kill(replica):
+            self.failed[replica].reason = why
 
     async def check(self, session=None) -> None:
         # A stopped engine is gone once its Stopping has been reported, as an exited process.

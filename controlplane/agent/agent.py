@@ -28,6 +28,7 @@ class Inventory(Protocol):
     def describe(self) -> dict: ...
     def health(self) -> list[dict]: ...
     def replica_memory(self, running: dict) -> dict[str, int]: ...
+    def refuse_over(self, running: dict, stopping: dict) -> list[tuple[str, str]]: ...
 
 
 class ControlPlaneError(Exception):
@@ -348,6 +349,11 @@ class NodeAgent:
 
     async def beat(self) -> None:
         await self.supervisor.check(self.client.session)
+        for replica, why in self.inventory.refuse_over(
+            self.supervisor.running, self.supervisor.stopping
+        ):
+            log.error("%s: %s", replica, why)
+            self.supervisor.refuse(replica, why)
         if self.silenced:
             return
         reports = self.supervisor.reports()

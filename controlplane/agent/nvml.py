@@ -343,6 +343,11 @@ class NvmlInventory:
             out[replica] = max(out.get(replica, 0), mb)
         return out
 
+    def refuse_over(self, running: dict, stopping: dict) -> list[tuple[str, str]]:
+        """A real card refuses an allocation past its memory by itself (the engine exits with
+        CUDA's out-of-memory error): nothing to do here."""
+        return []
+
     def health(self) -> list[dict]:
         report = []
         for gpu in self.gpus:

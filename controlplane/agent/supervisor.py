@@ -70,6 +70,7 @@ class Running:
     # is read from its /v1/models, and only adapters it was once told to hold are unloaded.
     adapter_resolver: bool = False
     ever_assigned: list = field(default_factory=list)  # kept in the replica's record
+    refused: str = ""  # why its card refused it memory (it was ended for that)
 
 
 def adapters_to_unload(run, held: list[str]) -> list[str]:
@@ -271,6 +272,13 @@ class Supervisor(Reconciles):
         self._signal(run, signal.SIGKILL)
         return True
 
+    def refuse(self, replica: str, why: str) -> None:
+        """Its GPU refused the engine memory (a simulated card: sim/fleet.py): it dies as an
+        engine does on CUDA's out-of-memory error, and its report says why."""
+        run = self.running.get(replica)
+        if run is not None and self.kill(replica):
+            run.refused = why
+
     def _signal(self, run: Running, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.pid, signum)
@@ -308,7 +316,7 @@ class Supervisor(Reconciles):
             code = self._exited(run)
             if code is not None:
                 run.state, run.exit_code = "Failed", code
-                run.reason = f"the engine exited with code {code}"
+                run.reason = run.refused or f"the engine exited with code {code}"
                 del self.running[replica]
                 self._record_path(replica).unlink(missing_ok=True)
                 self.failed[replica] = run

@@ -18,6 +18,9 @@ class Inventory:
     def replica_memory(self, running):
         return {}
 
+    def refuse_over(self, running, stopping):
+        return []
+
 
 class RefusingThenAccepting:
     def __init__(self, refusals):

@@ -104,6 +104,9 @@ class Node:
     def replica_memory(self, running) -> dict:
         return {}
 
+    def refuse_over(self, running, stopping) -> list:
+        return []
+
 
 def test_an_agent_beats_at_the_period_its_control_plane_hands_out():
     answer = {"assignments": [], "orders": "a.1", "digest": "d", "heartbeat_s": 32.0}
