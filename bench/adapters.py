@@ -238,7 +238,8 @@ def compare(
                 # a card at a time: what fits in host memory waits asleep.
                 starts_min = s.models / s.cards * s.cold_start_s / 60
                 settled = replace(s, warmup_minutes=max(s.warmup_minutes, starts_min + 3))
-                out[way] = run("sleep", arrivals, settled, Path(tmp), cards=s.cards)
+                out[way] = run("sleep", arrivals, settled, Path(tmp),
+                               warm=model_names(s.models), cards=s.cards)  # fmt: skip
             out[way].policy = way
             if progress is not None:
                 progress(way, out[way], time.monotonic() - began)
@@ -294,7 +295,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     s = replace(
-        Settings(),
+        Settings(sized=False),
         models=args.adapters,
         cards=args.cards,
         minutes=args.minutes,

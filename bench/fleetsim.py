@@ -34,6 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.rules.pacing import HeartbeatPacing
@@ -70,6 +71,9 @@ class Request:
     done_s: float = 0.0
     done_at: float = 0.0
     finish_event: int = 0  # the finish scheduled last (a change of speed moves it)
+    prompt_tokens: int = 0  # 0: every request alike (Timing.service_s)
+    output_tokens: int = 0
+    found: str = ""  # parked: what it found of its model, "asleep" or "cold" (nothing)
 
     def advance(self, now: float, speed: float) -> None:
         """Its compute from `done_at` to `now` at `speed`; its first token when it passes."""
@@ -96,6 +100,12 @@ class Timing:
     route_delay_s: float
     order_delay_s: float
     host_links: int
+    # model -> (prefill tokens/s, decode tokens/s of one request alone, its sleep and wake as
+    # a multiple of sleep_s and wake_s); None: every model alike (service_s, engine_ttft_s)
+    model_speed: Callable[[str], tuple[float, float, float]] | None = None
+
+    def move_factor(self, model: str) -> float:
+        return 1.0 if self.model_speed is None else self.model_speed(model)[2]
 
 
 class Events:
@@ -128,7 +138,9 @@ class Engine:
     state: str  # starting, ready, sleeping, asleep, waking
     left_s: float = 0.0  # of a move's exclusive transfer time (sleeping, waking)
     ready_at: float = 0.0  # starting: when it serves
-    running: set = field(default_factory=set)
+    # requests it runs, as an ordered set (a dict): a set of objects hashed by identity would
+    # iterate in an order that differs from run to run, and so would the figures
+    running: dict = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
     adapters: dict[str, float] = field(default_factory=dict)  # name -> loaded from then
     assigned: set = field(default_factory=set)  # adapters it was ever told to hold
@@ -184,10 +196,12 @@ class Node:
                 sim.count("cold_starts")
             elif a["sleep"] and engine.state == "ready":
                 sim.cut_all(engine)
-                engine.state, engine.left_s = "sleeping", sim.timing.sleep_s
+                engine.state = "sleeping"
+                engine.left_s = sim.timing.sleep_s * sim.timing.move_factor(engine.model)
                 self.move_soon()
             elif not a["sleep"] and engine.state == "asleep":
-                engine.state, engine.left_s = "waking", sim.timing.wake_s
+                engine.state = "waking"
+                engine.left_s = sim.timing.wake_s * sim.timing.move_factor(engine.model)
                 sim.count("wakes")
                 self.move_soon()
             wanted_adapters = [x["name"] for x in a.get("adapters", ())]
@@ -273,6 +287,7 @@ class Router:
         self.last_used: dict[str, float] = {}
         self.watched_since: dict[str, float] = {}
         self.parked: dict[str, deque] = defaultdict(deque)
+        self.sent: dict[str, int] = defaultdict(int)  # endpoint -> requests sent, as its slot
         self.route_of = lambda model: model  # the route a request for `model` takes
 
     def take_routes(self, routes: dict, version: int, resolvers: dict | None = None) -> None:
@@ -282,6 +297,8 @@ class Router:
         self.routes, self.version = routes, version
         self.resolvers = resolvers or {}
         ids = {rid for eps in routes.values() for rid in eps}
+        for rid in [r for r in self.sent if r not in ids]:
+            del self.sent[rid]  # its slot goes: a new one counts from 0
         self.watched_since = {rid: self.watched_since.get(rid, now) for rid in ids}
         for model, waiting in self.parked.items():
             while waiting and self.routes.get(self.route_of(model)):
@@ -293,6 +310,7 @@ class Router:
             self.send(request)
             return
         request.parked = True
+        request.found = "asleep" if self.sim.asleep(request.model) else "cold"
         waiting = self.parked[request.model]
         waiting.append(request)
         self.sim.events.at(request.at + PARK_TIMEOUT_S, self.expire, request)
@@ -310,6 +328,7 @@ class Router:
         )
         request.replica = endpoint
         self.in_flight[endpoint] += 1
+        self.sent[endpoint] += 1
         self.last_used[endpoint] = now
         self.sim.serve(request, endpoint)
 
@@ -341,6 +360,7 @@ class Router:
                 },
                 "watched": {rid: now - at for rid, at in self.watched_since.items()},
                 "in_flight": {rid: n for rid, n in self.in_flight.items() if n},
+                "requests": {rid: n for rid, n in self.sent.items() if rid in self.watched_since},
                 "waiting": {m: len(q) for m, q in self.parked.items() if q},
             }
         )
@@ -361,7 +381,8 @@ class Sim:
         self.nodes = {name: Node(self, name) for name in nodes}
         self.router = Router(self)
         self.counters: dict[str, int] = defaultdict(int)
-        self.running_on: dict[tuple, set] = defaultdict(set)  # card -> engines running on it
+        # card -> engines running requests on it (an ordered set, as Engine.running)
+        self.running_on: dict[tuple, dict] = defaultdict(dict)
         self.gpu_seconds_awake = 0.0
         self.tick_due = 0.0
         self.last_tick = -1.0
@@ -417,6 +438,14 @@ class Sim:
                 return node.engines[replica]
         return None
 
+    def asleep(self, model: str) -> bool:
+        """Whether an engine of `model` sleeps (or is on its way to or from sleep)."""
+        return any(
+            e.model == model and e.state in ("sleeping", "asleep", "waking")
+            for node in self.nodes.values()
+            for e in node.engines.values()
+        )
+
     def serve(self, request: Request, endpoint: str) -> None:
         now = self.events.now
         engine = self.engine(endpoint)
@@ -435,10 +464,16 @@ class Sim:
     def start(self, engine: Engine, request: Request, extra_s: float = 0.0) -> None:
         """`extra_s`: what the engine does for it before its answer (an adapter's load)."""
         now = self.events.now
-        request.work_s = extra_s + self.timing.service_s
-        request.first_at_s = extra_s + self.timing.engine_ttft_s
+        speed = self.timing.model_speed
+        if speed is not None and request.output_tokens:
+            prefill, decode, _ = speed(engine.model)
+            request.first_at_s = extra_s + request.prompt_tokens / prefill + 1 / decode
+            request.work_s = request.first_at_s + (request.output_tokens - 1) / decode
+        else:
+            request.work_s = extra_s + self.timing.service_s
+            request.first_at_s = extra_s + self.timing.engine_ttft_s
         request.done_s, request.done_at = 0.0, now
-        engine.running.add(request)
+        engine.running[request] = None
         if len(engine.running) == 1:
             self.share_changed(engine)
         self.schedule_finish(engine, request)
@@ -454,10 +489,11 @@ class Sim:
         now = self.events.now
         for card in engine.cards:
             if engine.running:
-                self.running_on[card].add(engine)
+                self.running_on[card][engine] = None
             else:
-                self.running_on[card].discard(engine)
-        touched = {e for card in engine.cards for e in self.running_on[card]} | {engine}
+                self.running_on[card].pop(engine, None)
+        touched = {e: None for card in engine.cards for e in self.running_on[card]}
+        touched[engine] = None
         for other in touched:
             busiest = max((len(self.running_on[c]) for c in other.cards), default=1)
             speed = 1.0 / max(1, busiest)
@@ -473,7 +509,7 @@ class Sim:
         if request.cut or request not in engine.running or event != request.finish_event:
             return
         request.advance(self.events.now, engine.speed)
-        engine.running.discard(request)
+        engine.running.pop(request, None)
         if not engine.running:
             self.share_changed(engine)
         self.router.done(request)
@@ -485,7 +521,7 @@ class Sim:
             request.cut = True
             if request in engine.running:
                 request.advance(self.events.now, engine.speed)
-            engine.running.discard(request)
+            engine.running.pop(request, None)
             if request in engine.queue:
                 engine.queue.remove(request)
             self.router.done(request)

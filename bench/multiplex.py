@@ -39,7 +39,7 @@ import argparse
 import math
 import random
 import tempfile
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from bench.fleetsim import PARK_TIMEOUT_S, TICK_S, Events, Request, Sim, Timing
@@ -63,6 +63,38 @@ class Size:
     # the card, vLLM's default)
     gpus: int = 1
 
+    @property
+    def decode_tok_s(self) -> float:
+        """One request's decode rate alone: each step reads every weight once from HBM, so
+        HBM bandwidth over the weights each card holds, at the share of peak vLLM reaches."""
+        return H100_HBM_GB_S * HBM_EFFICIENCY / (self.weights_gb / self.gpus)
+
+    @property
+    def prefill_tok_s(self) -> float:
+        """Prompt tokens a second: 2 FLOPs a parameter a token, at a prefill's usual MFU."""
+        params = self.weights_gb / 2 * 1e9
+        return H100_BF16_TFLOPS * 1e12 * PREFILL_MFU * self.gpus / (2 * params)
+
+    @property
+    def move_factor(self) -> float:
+        """Its sleep and wake, as a multiple of an 8B's: weights over the same host link."""
+        return self.weights_gb / CATALOGUE_8B_WEIGHTS_GB
+
+
+# Speeds from public figures: an H100 SXM's 3.35 TB/s of HBM3 and 989 TFLOPS dense bf16
+# (NVIDIA's H100 datasheet); decode at ~60% of peak bandwidth and prefill at ~50% MFU, as
+# vLLM's and MLPerf's H100 results for 8B-70B models show. An 8B then decodes a request at
+# ~125 tokens/s alone and prefills ~31k tokens/s; a 32B ~31 and ~7.5k.
+H100_HBM_GB_S = 3350.0
+HBM_EFFICIENCY = 0.6
+H100_BF16_TFLOPS = 989.0
+PREFILL_MFU = 0.5
+CATALOGUE_8B_WEIGHTS_GB = 16.1
+# Request lengths: lognormal, with ShareGPT-like medians (prompt ~500 tokens, answer ~130),
+# capped as a chat deployment caps them.
+PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_MAX = 500, 1.0, 8192
+OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_MAX = 130, 0.8, 2048
+
 
 # From the public model cards (Hugging Face: Qwen2.5-1.5B/3B/7B/14B/32B-Instruct,
 # Llama-3.1-8B/70B-Instruct), weights at bf16; `gpu_memory` adds KV cache for about 64k tokens
@@ -80,6 +112,12 @@ CATALOGUE = {
 }
 # A platform's catalogue: mostly small models, a few large ones (the mix of 24).
 MIX = ["1.5b"] * 4 + ["3b"] * 4 + ["7b"] * 5 + ["8b"] * 5 + ["14b"] * 4 + ["32b"] * 2
+
+
+def model_speed(name: str) -> tuple[float, float, float]:
+    """bench/fleetsim.py's Timing.model_speed: a model's speeds by its size."""
+    size = size_of(name)
+    return size.prefill_tok_s, size.decode_tok_s, size.move_factor
 
 
 def size_of(name: str) -> Size:
@@ -118,8 +156,11 @@ class Settings:
     scale_to_zero_after_s: float = 600.0
     residency_s: float = 30.0  # min_residency for cold starts: half a cold start
     sleep_residency_s: float = 5.0  # for sleepers: a few wakes
-    warmup_minutes: float = 15.0  # every model asked for now and then, not measured
+    warmup_minutes: float = 15.0  # the same trace before the window, not measured
     seed: int = 7
+    # Requests with lengths and models with speeds and wakes by their size (Size); False:
+    # every request alike (`service_s`, `engine_ttft_s`) and every wake `wake_s`.
+    sized: bool = True
 
     def timing(self) -> Timing:
         return Timing(
@@ -133,6 +174,7 @@ class Settings:
             self.route_delay_s,
             self.order_delay_s,
             self.host_links,
+            model_speed if self.sized else None,
         )
 
     @property
@@ -155,6 +197,28 @@ def trace(s: Settings) -> list[tuple[float, str]]:
         if at >= s.minutes * 60:
             return out
         out.append((at, rng.choices(names, weights)[0]))
+
+
+def lengths(s: Settings, count: int) -> list[tuple[int, int]]:
+    """(prompt, output) tokens of `count` requests, from a generator of their own (the
+    arrivals stay those of `trace`)."""
+    rng = random.Random(s.seed * 7919 + 1)
+
+    def draw(median: int, sigma: float, most: int) -> int:
+        return max(1, min(most, round(rng.lognormvariate(math.log(median), sigma))))
+
+    out = []
+    for _ in range(count):
+        prompt = draw(PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_MAX)
+        out.append((prompt, draw(OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_MAX)))
+    return out
+
+
+def warmup_trace(s: Settings) -> list[tuple[float, str]]:
+    """What comes before the window: the same popularity and burstiness (another stretch of
+    the same trace), ending two minutes before the window so that the fleet settles."""
+    minutes = max(0.0, s.warmup_minutes - 2)
+    return trace(replace(s, minutes=minutes, seed=s.seed + 100_003)) if minutes else []
 
 
 def popularity(s: Settings) -> list[float]:
@@ -206,7 +270,7 @@ class Result:
     requests: int
     within_slo: int
     ttft: list[float]
-    swapped_ttft: list[float]
+    swapped_ttft: list[float]  # of requests that found their model asleep
     refused: int
     failed: int  # sent to an engine that could not serve it
     cut: int  # cut by a stop, a sleep or an unload
@@ -215,6 +279,8 @@ class Result:
     gpu_seconds_awake: float
     loads: int = 0  # adapter loads
     unloads: int = 0
+    cold_ttft: list[float] = field(default_factory=list)  # of those that found it nowhere
+    models: int = 0  # the models the trace asked for
 
     @property
     def attainment(self) -> float:
@@ -233,6 +299,7 @@ class Result:
             f"{percentile(self.ttft, 50):.2f}",
             f"{percentile(self.ttft, 99):.2f}",
             f"{percentile(self.swapped_ttft, 99):.2f}" if self.swapped_ttft else "-",
+            f"{percentile(self.cold_ttft, 99):.2f}" if self.cold_ttft else "-",
             str(self.cold_starts),
             str(self.wakes),
             f"{self.gpu_seconds_awake / 3600:.1f}",
@@ -243,7 +310,8 @@ class Result:
 
 HEADERS = [
     "policy", "cards", "requests", "within SLO", "p50 TTFT s", "p99 TTFT s",
-    "p99 swapped s", "cold starts", "wakes", "GPU-h awake", "refused", "failed or cut",
+    "p99 woken s", "p99 cold s", "cold starts", "wakes", "GPU-h awake", "refused",
+    "failed or cut",
 ]  # fmt: skip
 
 
@@ -273,64 +341,81 @@ def run(
 ) -> Result:
     """Play `arrivals` against a fleet of `cards` cards (default: the policy's) given `bodies`
     to apply (models and adapters; default: `s.models` models for `policy`, most popular
-    first), each of `warm` (default: the models) asked for every 20 s in the warm-up.
+    first; dedicated: the models the trace asks for), on a store of its own under `workdir`.
+    The warm-up is `warmup_trace` (`warm`: those models asked every 20 s instead).
     `prepare(sim)`: a last change to the modelled processes before the run (another policy's
-    engines or router)."""
+    engines or router). The figures are the same for the same inputs: replica ids come from
+    the seed, and nothing the run iterates is ordered by identity."""
     cards = cards if cards is not None else cards_for(policy, s, arrivals)
     names = model_names(s.models)
-    bodies = bodies if bodies is not None else [spec_for(n, policy, s) for n in names]
-    warm = names if warm is None else warm
+    asked = {model for _, model in arrivals}
+    if bodies is None:
+        wanted = [n for n in names if policy != "dedicated" or n in asked]
+        bodies = [spec_for(n, policy, s) for n in wanted]
     events = Events()
-    store = SqliteStore(workdir / f"{policy}-{s.seed}.sqlite")
-    try:
-        fleet = Fleet(store, IdleTracker(live_window_s=10, clock=events), clock=events,
-                      wall=events)  # fmt: skip
-        reconciler = Reconciler(fleet, min_residency_s=s.residency_s)
-        nodes = []
-        for n in range(math.ceil(cards / 8)):
-            name = f"node-{n}"
-            gpus = [
-                {"index": i, "uuid": f"{name}-{i}", "gpu_class": "H100-80GB", "memory_mb": CARD_MB}
-                for i in range(min(8, cards - 8 * n))
-            ]
-            fleet.register({"name": name, "address": "127.0.0.1", "fabric": "f", "gpus": gpus,
-                            "host_memory_mb": HOST_MB})  # fmt: skip
-            nodes.append(name)
-        for body in bodies:
-            if body.get("kind") == "adapter":
-                fleet.apply_adapter(body)
-            else:
-                fleet.apply(body)
-        warmup = s.warmup_minutes * 60
-        window = (warmup, warmup + s.minutes * 60)
-        sim = Sim(fleet, reconciler, nodes, s.timing(), window, events)
-        if prepare is not None:
-            prepare(sim)
-        # Before the trace, each policy settles: every model is asked for every 20 s, so that
-        # what a policy keeps loaded (asleep, for one that sleeps) is loaded when it starts.
+    ids = random.Random(s.seed * 104_729 + cards)
+    with tempfile.TemporaryDirectory(dir=workdir) as own:
+        store = SqliteStore(Path(own) / f"{policy}-{s.seed}-{cards}.sqlite")
+        try:
+            fleet = Fleet(store, IdleTracker(live_window_s=10, clock=events), clock=events,
+                          wall=events, ids=lambda: f"{ids.getrandbits(32):08x}")  # fmt: skip
+            return _play(policy, arrivals, s, fleet, events, bodies, warm, cards, prepare)
+        finally:
+            store.close()
+
+
+def _play(policy, arrivals, s: Settings, fleet, events, bodies, warm, cards, prepare) -> Result:
+    reconciler = Reconciler(fleet, min_residency_s=s.residency_s)
+    nodes = []
+    for n in range(math.ceil(cards / 8)):
+        name = f"node-{n}"
+        gpus = [
+            {"index": i, "uuid": f"{name}-{i}", "gpu_class": "H100-80GB", "memory_mb": CARD_MB}
+            for i in range(min(8, cards - 8 * n))
+        ]
+        fleet.register({"name": name, "address": "127.0.0.1", "fabric": "f", "gpus": gpus,
+                        "host_memory_mb": HOST_MB})  # fmt: skip
+        nodes.append(name)
+    for body in bodies:
+        if body.get("kind") == "adapter":
+            fleet.apply_adapter(body)
+        else:
+            fleet.apply(body)
+    warmup = s.warmup_minutes * 60
+    window = (warmup, warmup + s.minutes * 60)
+    sim = Sim(fleet, reconciler, nodes, s.timing(), window, events)
+    if prepare is not None:
+        prepare(sim)
+    if warm is None:
+        applied = {body["name"] for body in bodies}
+        asks = [Request(at, model) for at, model in warmup_trace(s) if model in applied]
+    else:  # each asked every 20 s, so that what a policy keeps loaded is loaded at the start
         asks = [Request(float(at), name)
                 for at in range(0, int(warmup) - 120, 20) for name in warm]  # fmt: skip
-        played = [Request(at + warmup, model) for at, model in arrivals]
-        sim.run(asks + played, window[1] + PARK_TIMEOUT_S + 60)
-        served = [r for r in played if r.first_token >= 0 and not (r.failed or r.cut)]
-        return Result(
-            policy,
-            cards,
-            len(played),
-            sum(r.ttft <= s.slo_s for r in served),
-            [r.ttft for r in served],
-            [r.ttft for r in served if r.parked],
-            sum(r.refused for r in played),
-            sum(r.failed for r in played),
-            sum(r.cut for r in played),
-            sim.counters["cold_starts"],
-            sim.counters["wakes"],
-            sim.gpu_seconds_awake,
-            sim.counters["adapter_loads"],
-            sim.counters["adapter_unloads"],
-        )
-    finally:
-        store.close()
+    played = [Request(at + warmup, model) for at, model in arrivals]
+    for request, (prompt, output) in zip(asks + played, lengths(s, len(asks) + len(played)),
+                                         strict=True):  # fmt: skip
+        request.prompt_tokens, request.output_tokens = prompt, output
+    sim.run(asks + played, window[1] + PARK_TIMEOUT_S + 60)
+    served = [r for r in played if r.first_token >= 0 and not (r.failed or r.cut)]
+    return Result(
+        policy,
+        cards,
+        len(played),
+        sum(r.ttft <= s.slo_s for r in served),
+        [r.ttft for r in served],
+        [r.ttft for r in served if r.parked and r.found == "asleep"],
+        sum(r.refused for r in played),
+        sum(r.failed for r in played),
+        sum(r.cut for r in played),
+        sim.counters["cold_starts"],
+        sim.counters["wakes"],
+        sim.gpu_seconds_awake,
+        sim.counters["adapter_loads"],
+        sim.counters["adapter_unloads"],
+        [r.ttft for r in served if r.parked and r.found == "cold"],
+        len({r.model for r in played}),
+    )
 
 
 def compare(s: Settings, policies=POLICIES) -> dict[str, Result]:

@@ -14,7 +14,8 @@ from bench.multiplex import Settings, percentile
 # Measured on bench/fleetsim.py's simulated clock: it may run beside other tests.
 pytestmark = pytest.mark.virtual_clock
 
-SHORT = Settings(models=100, cards=4, minutes=2, rate=2.0, cv=2.0, warmup_minutes=2.0, seed=5)
+SHORT = Settings(models=100, cards=4, minutes=2, rate=2.0, cv=2.0, warmup_minutes=2.0, seed=5,
+                 sized=False)
 
 
 def test_adapters_serve_at_least_as_well_as_the_engines_own_cache_and_never_miss():

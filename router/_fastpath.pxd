@@ -15,6 +15,8 @@ cdef struct Slot:
     int64_t ejected_until_ns # 0 when not ejected
     int64_t last_ejection_end_ns
     uint64_t id_hash         # where the endpoint sits for keyed picks (endpoint_hash of its id)
+    int64_t picked           # requests sent to it since it was watched: the control plane's
+                             # measure of each model's popularity (its request rate)
     # The engine's own load, as the load reader last read it (router/engineload.py):
     int32_t engine_load      # its waiting + running, less this router's requests on it then
     int32_t kv_full          # its KV-cache use above the table's threshold

@@ -61,7 +61,8 @@ class EndpointTable:
     def update(self, routes: Mapping[str, Iterable[Any]], version: int | None = None) -> None:
         """Replace the whole table atomically; survivors keep slot, counts and stamps."""
     def snapshot(self) -> dict[str, dict[str, float]]:
-        """{"used": {id: seconds since last use}, "watched": {id: seconds watched}}.
+        """{"used": {id: seconds since last use}, "watched": {id: seconds watched},
+        "in_flight": {id: requests}, "requests": {id: requests sent since watched}}.
         `used` holds only endpoints used since watched; in-flight ones report 0."""
     def load_targets(self, recent_s: float) -> list[tuple[int, str, str, int]]:
         """[(slot, id, url, in flight)]: every endpoint of each model sent to within

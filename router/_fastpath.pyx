@@ -266,6 +266,7 @@ cdef class EndpointTable:
                 )
         s = &self._slots[best]
         s.in_flight += 1
+        s.picked += 1
         if key == 0:
             mdl.cursor = best_pos + 1 if best_pos + 1 < mdl.count else 0
         table_lock_release(&self._lock)
@@ -428,6 +429,7 @@ cdef class EndpointTable:
             s.id_hash = id_hash
             if fresh:
                 s.in_flight = 0
+                s.picked = 0
                 s.load_until_ns = 0
                 s.last_used_ns = NEVER
                 s.watched_since_ns = now
@@ -457,7 +459,8 @@ cdef class EndpointTable:
 
     def snapshot(self):
         """Activity map: {"used": {id: s since last use}, "watched": {id: s watched},
-        "in_flight": {id: requests}}; `in_flight` counts removed endpoints' requests too.
+        "in_flight": {id: requests}, "requests": {id: requests sent since watched}};
+        `in_flight` counts removed endpoints' requests too.
 
         The lock is held only to copy the raw slot array; the dicts are built after.
         """
@@ -489,6 +492,7 @@ cdef class EndpointTable:
         used = {}
         watched = {}
         in_flight = {}
+        picked = {}
         try:
             for slot in range(n):
                 if copy[slot].model == SLOT_RETIRED:
@@ -503,6 +507,7 @@ cdef class EndpointTable:
                 # longest watched and the latest use speak for it.
                 seen = max(0.0, (now - copy[slot].watched_since_ns) / 1e9)
                 watched[endpoint_id] = max(watched.get(endpoint_id, 0.0), seen)
+                picked[endpoint_id] = picked.get(endpoint_id, 0) + copy[slot].picked
                 if copy[slot].in_flight > 0:
                     used[endpoint_id] = 0.0
                     in_flight[endpoint_id] = in_flight.get(endpoint_id, 0) + copy[slot].in_flight
@@ -511,7 +516,7 @@ cdef class EndpointTable:
                     used[endpoint_id] = min(used.get(endpoint_id, idle), idle)
         finally:
             free(copy)
-        return {"used": used, "watched": watched, "in_flight": in_flight}
+        return {"used": used, "watched": watched, "in_flight": in_flight, "requests": picked}
 
     def load_targets(self, double recent_s):
         """[(slot, endpoint id, url, in flight)] of every endpoint of each model this router

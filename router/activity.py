@@ -23,7 +23,8 @@ def activity_report(
 ) -> dict:
     """DESIGN.md's report: who reports (identity and incarnation), its uptime, the route
     version it holds, the snapshot's `used`, `watched` and per-replica `in_flight` maps (removed
-    replicas still carrying requests too), the requests it holds per model, `waiting`, and
+    replicas still carrying requests too), the requests sent to each replica since it was
+    watched (`requests`: a counter), the requests it holds per model, `waiting`, and
     what it last read of the engines' own load, `engine_load` (replica -> [waiting, running,
     KV use, seconds since read])."""
     snapshot = table.snapshot()
@@ -36,6 +37,7 @@ def activity_report(
         "used": snapshot["used"],
         "watched": snapshot["watched"],
         "in_flight": snapshot["in_flight"],
+        "requests": snapshot["requests"],
         "waiting": waiting or {},
     }
 

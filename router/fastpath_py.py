@@ -55,6 +55,7 @@ class _Slot:
         "kv_full",
         "queueing",
         "load_until_ns",
+        "picked",
     )
 
     def __init__(self, model: int, now: int) -> None:
@@ -65,6 +66,7 @@ class _Slot:
         self.queueing = False
         self.load_until_ns = 0
         self.in_flight = 0
+        self.picked = 0  # requests sent to it since it was watched
         self.last_used_ns = _NEVER
         self.watched_since_ns = now
         self.consecutive_failures = 0
@@ -194,6 +196,7 @@ class EndpointTable:
                 best = self._keyed_pick(mdl, key, exclude, usable, model_load, best, now)
             s = self._slots[best]
             s.in_flight += 1
+            s.picked += 1
             if not key:
                 mdl.cursor = (best_pos + 1) % count
             return best
@@ -315,6 +318,7 @@ class EndpointTable:
                     s.in_flight,
                     s.last_used_ns,
                     s.watched_since_ns,
+                    s.picked,
                 )
                 for slot, s in enumerate(self._slots)
             ]
@@ -322,7 +326,8 @@ class EndpointTable:
         used: dict[str, float] = {}
         watched: dict[str, float] = {}
         busy: dict[str, int] = {}
-        for endpoint_id, model, in_flight, last_used_ns, watched_since_ns in raw:
+        picked: dict[str, int] = {}
+        for endpoint_id, model, in_flight, last_used_ns, watched_since_ns, sent in raw:
             if model == _RETIRED:
                 # Removed, but requests still on it: in use, and not to be stopped yet.
                 if in_flight > 0 and endpoint_id is not None:
@@ -333,13 +338,14 @@ class EndpointTable:
             # longest watched and the latest use speak for it.
             seen = max(0.0, (now - watched_since_ns) / 1e9)
             watched[endpoint_id] = max(watched.get(endpoint_id, 0.0), seen)
+            picked[endpoint_id] = picked.get(endpoint_id, 0) + sent
             if in_flight > 0:
                 used[endpoint_id] = 0.0
                 busy[endpoint_id] = busy.get(endpoint_id, 0) + in_flight
             elif last_used_ns != _NEVER:
                 idle = max(0.0, (now - last_used_ns) / 1e9)
                 used[endpoint_id] = min(used.get(endpoint_id, idle), idle)
-        return {"used": used, "watched": watched, "in_flight": busy}
+        return {"used": used, "watched": watched, "in_flight": busy, "requests": picked}
 
     def load_targets(self, recent_s: float) -> list[tuple[int, str, str, int]]:
         with self._lock:

@@ -72,16 +72,19 @@ class Placer:
     reserving as it goes: a tick costs O(nodes + replicas), not O(models x nodes).
 
     `held`: cards taken whole (kept for a waiting model). `used`: MiB each card's engines
-    hold (awake engines' `gpu_memory`, sleepers' asleep memory). `load`: requests in flight
-    on what is awake on each card.
+    hold (controlplane/rules/held.py). `load`: requests a second, over a recent window, to
+    what is awake on each card (controlplane/vocabulary/rates.py). `rates`: each model's.
 
-    Which card, for a replica of one GPU: an empty card while there is one (the fullest node
-    that has one, so that whole nodes stay free), since engines on one card share its compute;
-    then the shared card it fits beside with the least load, the fullest first among equals
-    (packed, so that memory stays whole elsewhere for a larger model). Never a card that holds
-    the same model. Several GPUs: the fullest node that fits, its emptiest cards first.
-    bench/multiplex.py measured the other order (quiet models packed first): adding cards
-    then did not help, since engines stayed packed beside the popular ones.
+    A model is hot when its rate is above a card's fair share of the fleet's (the fleet's
+    rate over its cards, `hot_rate`); a card is hot when what is awake on it is. Which card,
+    for a replica of one GPU (never one that holds the same model):
+    - a hot model: an empty card while there is one (the fullest node that has one, so that
+      whole nodes stay free), since engines on one card share its compute; then the shared
+      card with the least load: two hot models share a card only when every card is hot;
+    - any other: the fullest shared card that is not hot (packed, so that memory stays whole
+      elsewhere for a larger model and empty cards for the hot), then an empty card, then the
+      least loaded.
+    Several GPUs: the fullest node that fits, its emptiest cards first.
     """
 
     def __init__(
@@ -91,14 +94,24 @@ class Placer:
         used: dict[tuple[str, int], int] | None = None,
         load: dict[tuple[str, int], float] | None = None,
         models_on: dict[tuple[str, int], set[str]] | None = None,
+        rates: dict[str, float] | None = None,
+        awake: dict[tuple[str, int], int] | None = None,
     ) -> None:
         """`models_on`: the models each card already holds (a model's replicas go to cards
-        apart, so that one card's fault takes one of them)."""
+        apart, so that one card's fault takes one of them). `awake`: MiB each card's awake
+        engines hold (None: all of `used`): a quiet model packs beside awake engines, not on
+        a card that only sleepers hold, whose sleepers wake there."""
         self.nodes = nodes
         self.held = held
         self.used: dict[tuple[str, int], int] = {gpu: mb for gpu, mb in (used or {}).items()
                                                  if mb > 0}  # fmt: skip
         self.load = load or {}
+        self.rates = rates or {}
+        self.awake = self.used if awake is None else dict(awake)
+        cards = sum(len(n.gpus) for n in nodes if eligible(n))
+        total = sum(self.rates.values())
+        # A card's fair share of the fleet's requests; nothing is hot in an idle fleet.
+        self.hot_rate = total / cards if cards and total > 0 else float("inf")
         # model -> the cards that hold it: a model's replicas go to cards apart
         self.cards_of: dict[str, set[tuple[str, int]]] = {}
         for gpu, models in (models_on or {}).items():
@@ -110,9 +123,13 @@ class Placer:
         key = (gpu_class, gpu_memory_mb)
         if key not in self._by_class:
             self._by_class[key] = _Capacity(
-                gpu_class, self.nodes, self.held, self.used, gpu_memory_mb, self.load
-            )
+                gpu_class, self.nodes, self.held, self.used, gpu_memory_mb, self.load,
+                self.hot_rate, self.awake,
+            )  # fmt: skip
         return self._by_class[key]
+
+    def is_hot(self, model: str) -> bool:
+        return self.rates.get(model, 0.0) > self.hot_rate
 
     def place(self, spec: ModelSpec, count: int) -> Outcome:
         capacity = self.capacity(spec.gpu_class, spec.gpu_memory_mb)
@@ -120,7 +137,8 @@ class Placer:
         for _ in range(count):
             if spec.nodes_per_replica == 1:
                 avoid = self.cards_of.get(spec.name, frozenset())
-                chosen = capacity.pick_one_node(spec.gpus_per_replica, avoid)
+                hot = self.is_hot(spec.name)
+                chosen = capacity.pick_one_node(spec.gpus_per_replica, avoid, hot)
             else:
                 chosen = capacity.pick_fabric_nodes(spec.gpus_per_replica, spec.nodes_per_replica)
             if chosen is None:
@@ -134,11 +152,18 @@ class Placer:
         for piece in chosen:
             for index in piece.gpus:
                 gpu = (piece.node, index)
-                self.used[gpu] = self.used.get(gpu, 0) + max(
-                    1, awake_mb(capacity.card_mb[gpu], spec.gpu_memory_mb)
-                )
+                taken = max(1, awake_mb(capacity.card_mb[gpu], spec.gpu_memory_mb))
+                self.used[gpu] = self.used.get(gpu, 0) + taken
+                if self.awake is not self.used:
+                    self.awake[gpu] = self.awake.get(gpu, 0) + taken
                 self.cards_of.setdefault(spec.name, set()).add(gpu)
             capacity.readmit(piece.node, piece.gpus, self.used)
+        # What it brings to its cards' load: its model's rate, shared by its replicas.
+        replicas = max(1, len(self.cards_of.get(spec.name, ())))
+        for piece in chosen:
+            for index in piece.gpus:
+                gpu = (piece.node, index)
+                self.load[gpu] = self.load.get(gpu, 0.0) + self.rates.get(spec.name, 0.0) / replicas
         for key in [k for k, c in self._by_class.items() if k[0] == spec.gpu_class]:
             if self._by_class[key] is not capacity:
                 del self._by_class[key]
@@ -157,11 +182,15 @@ class _Capacity:
         used: dict[tuple[str, int], int] | None = None,
         gpu_memory_mb: int | None = None,
         load: dict[tuple[str, int], float] | None = None,
+        hot_rate: float = float("inf"),
+        awake: dict[tuple[str, int], int] | None = None,
     ) -> None:
         self.gpu_class = gpu_class
         self.gpu_memory_mb = gpu_memory_mb
         used = used or {}
-        self.load = load or {}
+        self.load = load if load is not None else {}
+        self.hot_rate = hot_rate
+        self.awake = used if awake is None else awake
         self.free: dict[str, list[int]] = {}
         self.size: dict[str, int] = {}
         self.fabric: dict[str, str] = {}
@@ -252,15 +281,24 @@ class _Capacity:
                                     key=lambda i: (self.shared.get((name, i), 0), i)))
 
     def pick_one_node(
-        self, gpus: int, avoid: set[tuple[str, int]] | frozenset = frozenset()
+        self, gpus: int, avoid: set[tuple[str, int]] | frozenset = frozenset(), hot: bool = False
     ) -> list[Slice] | None:
-        """Cards on one node, none of them in `avoid` (those that hold this model already)."""
+        """Cards on one node, none of them in `avoid` (those that hold this model already);
+        `hot`: the model's rate is above a card's fair share (Placer's rules)."""
         if gpus == 1 and self.shared:
+            shared = [g for g in self.shared if g not in avoid]
+            quiet = [
+                g for g in shared
+                if self.load.get(g, 0.0) <= self.hot_rate and self.awake.get(g, 0) > 0
+            ]  # fmt: skip
+            if quiet and not hot:  # packed beside quiet engines, the fullest card first
+                card = min(quiet, key=lambda g: (-self.shared[g], self.load.get(g, 0.0), g))
+                return [self.take(card[0], 1, [card[1]])]
             empty = self._best_fit(1, avoid, empty_only=True) if self.empty else None
             if empty is not None:
                 return empty
-            card = min((g for g in self.shared if g not in avoid), default=None,
-                       key=lambda g: (self.load.get(g, 0), -self.shared[g], g))  # fmt: skip
+            card = min(shared, default=None,
+                       key=lambda g: (self.load.get(g, 0.0), -self.shared[g], g))  # fmt: skip
             if card is not None:
                 return [self.take(card[0], 1, [card[1]])]
         return self._best_fit(gpus, avoid)

@@ -265,10 +265,13 @@ class WakePlan:
         return shown + (f"; and {more} more" if more > 0 else "")
 
 
-def plan_wake(waiting: ModelSpec, inputs: RoomInputs) -> WakePlan:
+def plan_wake(waiting: ModelSpec, inputs: RoomInputs, load: dict | None = None) -> WakePlan:
     """The sleeper of `waiting` cheapest to wake: one whose cards are free first, else one
     whose cards' awake occupants may be taken (put to sleep where they can, else stopped),
-    fewest stops first, then the fewest moves; or why none can wake yet."""
+    fewest stops first, then the fewest moves, then the one whose cards are quietest (`load`:
+    requests a second to what is awake on each card): a popular model wakes apart from
+    the others; or why none can wake yet."""
+    load = load or {}
     nodes = {n.name: n for n in inputs.nodes}
     specs = inputs.specs
     memory = memory_of(inputs.replicas, specs, nodes)
@@ -288,14 +291,15 @@ def plan_wake(waiting: ModelSpec, inputs: RoomInputs) -> WakePlan:
     best: tuple[tuple, WakePlan] | None = None
     blockers: list[str] = []
     final = True
-    for sleeper in sleepers:
+    for order, sleeper in enumerate(sleepers):
         plan = _wake_one(sleeper, waiting, inputs, nodes, memory, holders)
         if plan.replica is None:
             blockers += plan.blockers
             final = final and plan.final
             continue
         stops = sum(1 for m in plan.moves if m.action == "stop")
-        key = (stops, len(plan.moves), sleeper.id)
+        busy = max((load.get(gpu, 0.0) for gpu in gpus_of(sleeper)), default=0.0)
+        key = (stops, len(plan.moves), busy, order)
         if best is None or key < best[0]:
             best = (key, plan)
     if best is not None:

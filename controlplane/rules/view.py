@@ -134,28 +134,45 @@ class FleetView:
         memory (sleepers at level 1)."""
         return memory_of(list(self.replicas.values()), self.specs, self.nodes)
 
-    def card_load(self) -> dict[tuple[str, int], float]:
-        """Requests in flight on what is awake on each card."""
-        in_flight = self.idle.in_flight(self.now)
-        load: dict[tuple[str, int], float] = {}
-        for rid, n in in_flight.items():
+    def replica_rates(self) -> dict[str, float]:
+        """replica -> requests a second routers sent it, over a recent window."""
+        return self.idle.rates.rates(self.idle.clock())
+
+    def model_rates(self) -> dict[str, float]:
+        """model -> requests a second to its replicas (asleep ones too: a sleeper's rate
+        fades over the window after it fell asleep)."""
+        rates: dict[str, float] = {}
+        for rid, rate in self.replica_rates().items():
             replica = self.replicas.get(rid)
-            if replica is None or not n or not holds_card(replica):
+            if replica is not None:
+                rates[replica.model] = rates.get(replica.model, 0.0) + rate
+        return rates
+
+    def card_load(self) -> dict[tuple[str, int], float]:
+        """Requests a second, over a recent window, to what is awake on each card."""
+        load: dict[tuple[str, int], float] = {}
+        for rid, rate in self.replica_rates().items():
+            replica = self.replicas.get(rid)
+            if replica is None or not rate or not holds_card(replica):
                 continue
             for piece in replica.placement:
                 for index in piece.gpus:
-                    load[(piece.node, index)] = load.get((piece.node, index), 0) + n
+                    load[(piece.node, index)] = load.get((piece.node, index), 0.0) + rate
         return load
 
     def placer(self, but_for: str | None = None) -> Placer:
         """Placement over the fleet as it stands: what engines hold of each card's memory
-        is taken, and cards kept for a waiting model (but `but_for`) are taken whole."""
+        is taken, and cards kept for a waiting model (but `but_for`) are taken whole; the
+        popular apart from each other (rules/placement.py)."""
+        memory = self.sleepers()
         return Placer(
             list(self.nodes.values()),
             set(self.reserved_gpus(but_for)),
-            self.sleepers().used(),
+            memory.used(),
             self.card_load(),
             self.models_on_cards(),
+            self.model_rates(),
+            {gpu: mb for gpu, mb in memory.awake.items() if mb > 0},
         )
 
     def models_on_cards(self) -> dict[tuple[str, int], set[str]]:

@@ -71,9 +71,17 @@ SWAPS_KEPT = 1000
 
 class Fleet(Intents, TenantIntents, AgentReports):
     def __init__(
-        self, store: Store, idle: IdleTracker | None = None, clock=time.monotonic, wall=time.time
+        self,
+        store: Store,
+        idle: IdleTracker | None = None,
+        clock=time.monotonic,
+        wall=time.time,
+        ids=None,
     ) -> None:
+        """`ids`: makes the suffix of each new replica's id (default: random); a simulation
+        that must give the same figures for a seed hands a seeded one."""
         self.store = store
+        self.new_suffix = ids or (lambda: uuid.uuid4().hex[:8])
         self.clock = clock
         self.wall = wall
         self.idle = idle or IdleTracker(clock=wall)
@@ -206,7 +214,7 @@ class Fleet(Intents, TenantIntents, AgentReports):
     def add_replica(self, model: str, placement) -> Replica:
         now = self.wall()
         replica = Replica(
-            id=f"{model}-{uuid.uuid4().hex[:8]}",
+            id=f"{model}-{self.new_suffix()}",
             model=model,
             placement=placement,
             created_at=now,

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from controlplane.vocabulary.rates import RequestRates
+
 
 class IdleState(StrEnum):
     EXACT = "exact"
@@ -112,6 +114,7 @@ class Report:
     in_flight: dict[str, int] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)  # model -> requests parked
     engine_load: dict[str, list] = field(default_factory=dict)
+    requests: dict[str, int] = field(default_factory=dict)  # replica -> sent since watched
 
 
 class ReportError(ValueError):
@@ -150,6 +153,7 @@ def parse_report(body) -> Report:
         _count_map(body, "in_flight"),
         _count_map(body, "waiting"),
         _engine_load_map(body),
+        _count_map(body, "requests"),
     )
 
 
@@ -224,6 +228,11 @@ def fold_adapter_slots(report: Report) -> None:
         if sep:
             folded[replica] = folded.get(replica, 0) + count
     report.in_flight = folded
+    sent: dict[str, int] = {}
+    for key, count in report.requests.items():
+        replica = key.partition(SLOT_SEP)[0]
+        sent[replica] = sent.get(replica, 0) + count
+    report.requests = sent
 
 
 class IdleTracker:
@@ -237,6 +246,7 @@ class IdleTracker:
         self.dirty: dict[str, float] = {}  # uses changed since the last flush to the store
         self.dirty_routers: set[str] = set()  # routers changed since the last flush
         self.dirty_gaps: dict[str, float] = {}
+        self.rates = RequestRates()  # how popular each replica is (vocabulary/rates.py)
 
     def load(self, last_used_at: dict[str, float], routers=(), gaps=None) -> None:
         self.last_used_at.update(last_used_at)
@@ -282,6 +292,7 @@ class IdleTracker:
         router.in_flight = report.in_flight
         router.waiting = report.waiting
         router.engine_load = report.engine_load
+        self.rates.take(report.router, report.incarnation, report.requests, now)
         return report
 
     def _successor(self, before: Router | None, report: Report, now: float, started: float):

@@ -84,6 +84,7 @@ class Quiet:
     def __init__(self) -> None:
         self.applied = []
         self.running = {}
+        self.stopping = {}
 
     async def check(self, session) -> None:
         pass

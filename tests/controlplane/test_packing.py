@@ -63,24 +63,42 @@ def test_the_reason_says_which_card_is_short_and_by_how_much():
     assert f"short by {30 * GB - free} MiB" in outcome.reason
 
 
-def test_an_empty_card_first_then_the_least_loaded_shared_one():
+def test_a_hot_model_takes_an_empty_card_a_quiet_one_is_packed():
     used = {("n1", 0): 20 * GB}
-    first = Placer([card_node(cards=2)], set(), used).place(model("a", gb=20), 1)
-    assert first.placements == [[Slice("n1", [1])]], "an empty card: compute is not shared"
+    load = {("n1", 0): 1.0}
+    rates = {"hot": 10.0, "there": 1.0}  # a card's fair share: 5.5 requests a second
+    placer = Placer([card_node(cards=2)], set(), used, load, rates=rates)
+    assert placer.place(model("hot", gb=20), 1).placements == [[Slice("n1", [1])]], (
+        "an empty card: compute is not shared"
+    )
+    placer = Placer([card_node(cards=2)], set(), used, load, rates=rates)
+    assert placer.place(model("quiet", gb=20), 1).placements == [[Slice("n1", [0])]], (
+        "packed beside a quiet engine: the empty card stays for a hot one"
+    )
+
+
+def test_with_no_empty_card_hot_models_go_apart_and_quiet_ones_avoid_hot_cards():
     used = {("n1", 0): 20 * GB, ("n1", 1): 30 * GB}
-    load = {("n1", 0): 12, ("n1", 1): 1}
-    busy_first = Placer([card_node(cards=2)], set(), used, load).place(model("b", gb=20), 1)
-    assert busy_first.placements == [[Slice("n1", [1])]], "the least loaded"
-    quiet = Placer([card_node(cards=2)], set(), used).place(model("c", gb=20), 1)
-    assert quiet.placements == [[Slice("n1", [1])]], "equal loads: the fullest, packed"
+    load = {("n1", 0): 12.0, ("n1", 1): 1.0}  # a card's fair share: 6.5
+    rates = {"b": 20.0, "on-0": 12.0, "on-1": 1.0}
+    placer = Placer([card_node(cards=2)], set(), used, load, rates={**rates})
+    assert placer.place(model("b", gb=20), 1).placements == [[Slice("n1", [1])]], "the quietest"
+    placer = Placer([card_node(cards=2)], set(), dict(used), {("n1", 0): 1.0, ("n1", 1): 12.0},
+                    rates={"on-0": 1.0, "on-1": 12.0})  # fmt: skip
+    assert placer.place(model("c", gb=20), 1).placements == [[Slice("n1", [0])]], (
+        "a quiet model: the fullest card that is not hot"
+    )
+    placer = Placer([card_node(cards=2)], set(), dict(used))
+    assert placer.place(model("d", gb=20), 1).placements == [[Slice("n1", [1])]], (
+        "nothing hot: the fullest, packed"
+    )
 
 
-def test_an_empty_card_on_the_fullest_node_keeps_whole_nodes_free():
+def test_a_hot_models_empty_card_is_on_the_fullest_node_so_whole_nodes_stay_free():
     used = {("a", 0): 10 * GB}
     nodes = [card_node("a", cards=2), card_node("b", cards=2)]
-    assert Placer(nodes, set(), used).place(model("x", gb=20), 1).placements == [
-        [Slice("a", [1])]
-    ]
+    placer = Placer(nodes, set(), used, rates={"x": 5.0})
+    assert placer.place(model("x", gb=20), 1).placements == [[Slice("a", [1])]]
 
 
 def test_replicas_of_one_model_go_to_cards_apart():
@@ -337,7 +355,7 @@ def test_the_agent_says_how_it_found_each_engines_memory():
 def test_a_simulated_card_counts_what_each_engine_was_told_unless_a_fault_says_more():
     (inventory,) = parse_fleet(ONE_CARD_FLEET)
     running = {"a": SimpleNamespace(memory_share=0.25), "b": SimpleNamespace(memory_share=0.5)}
-    assert inventory.replica_memory(running) == {"a": round(0.25 * CARD_MB),
-                                                 "b": round(0.5 * CARD_MB)}  # fmt: skip
+    assert inventory.replica_memory(running) == {"a": int(0.25 * CARD_MB),
+                                                 "b": int(0.5 * CARD_MB)}  # fmt: skip
     inventory.memory_taken["a"] = 40_000
     assert inventory.replica_memory(running)["a"] == 40_000

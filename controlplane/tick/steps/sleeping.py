@@ -108,7 +108,7 @@ def wake_asked(view: FleetView, model: str) -> list:
     if model not in view.demand_since:
         actions.append(SetDemandSince(model, view.now))
     since = view.demand_since.get(model, view.now)
-    plan = plan_wake(spec, view.room_inputs())
+    plan = plan_wake(spec, view.room_inputs(), view.card_load())
     if plan.replica is None:
         elsewhere = view.placer().place(spec, 1).placements
         if plan.final and elsewhere:
