@@ -61,6 +61,14 @@ def fits_beside(card_mb: int, used: int, gpu_memory_mb: int | None) -> bool:
     return used + awake_mb(card_mb, gpu_memory_mb) <= card_mb - CARD_RESERVE_MB
 
 
+def hot_rate(rates: dict[str, float], nodes) -> float:
+    """The rate above which a model is hot: a card's fair share of the fleet's requests (its
+    rate over its usable cards); nothing is hot in an idle fleet."""
+    cards = sum(len(n.gpus) for n in nodes if eligible(n))
+    total = sum(rates.values())
+    return total / cards if cards and total > 0 else float("inf")
+
+
 def place(spec: ModelSpec, count: int, nodes: list[Node], held: set[tuple[str, int]]) -> Outcome:
     """Place up to `count` replicas of `spec`; see Placer for placing many models at once."""
     return Placer(nodes, held).place(spec, count)
@@ -108,10 +116,7 @@ class Placer:
         self.load = load or {}
         self.rates = rates or {}
         self.awake = self.used if awake is None else dict(awake)
-        cards = sum(len(n.gpus) for n in nodes if eligible(n))
-        total = sum(self.rates.values())
-        # A card's fair share of the fleet's requests; nothing is hot in an idle fleet.
-        self.hot_rate = total / cards if cards and total > 0 else float("inf")
+        self.hot_rate = hot_rate(self.rates, nodes)
         # model -> the cards that hold it: a model's replicas go to cards apart
         self.cards_of: dict[str, set[tuple[str, int]]] = {}
         for gpu, models in (models_on or {}).items():

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from controlplane.rules.held import awake_held_mb, holds_awake, holds_memory
-from controlplane.rules.placement import eligible, fits_beside
+from controlplane.rules.placement import eligible, fits_beside, hot_rate
 from controlplane.vocabulary.idle import IdleState
 from controlplane.vocabulary.model import HOLDING, ModelSpec, Node, Replica, ReplicaState, Slice
 from controlplane.vocabulary.specs import format_duration as duration
@@ -89,6 +89,15 @@ class RoomInputs:
     reserved: dict[tuple[str, int], str]  # GPU -> the waiting model it is kept for
     now: float
     default_residency_s: float
+    rates: dict[str, float] = field(default_factory=dict)  # model -> requests a second
+
+    @property
+    def hot_rate(self) -> float:
+        return hot_rate(self.rates, self.nodes)
+
+    def is_hot(self, model: str) -> bool:
+        """Above a card's fair share of the fleet's requests (rules/placement.py)."""
+        return self.rates.get(model, 0.0) > self.hot_rate
 
 
 def residency(spec: ModelSpec, default_s: float) -> float:
@@ -155,6 +164,14 @@ def why_not(
         return Blocker(
             replica.id,
             f"min_replicas {spec.floor}: {ready.get(spec.name, 0)} Ready, the others not yet",
+            False,
+        )
+    rate = inputs.rates.get(spec.name, 0.0)
+    if inputs.is_hot(spec.name) and rate > inputs.rates.get(waiting.name, 0.0):
+        # Kept warm: a popular model's requests would wait for its wake in its stead.
+        return Blocker(
+            replica.id,
+            f"busy: {rate:.2f} requests/s, more than {waiting.name}'s",
             False,
         )
     seconds, state = inputs.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
@@ -245,11 +262,17 @@ def _usable_gpus(node: Node, gpu_class: str) -> list[int]:
     return [g.index for g in node.gpus if g.gpu_class == gpu_class and g.healthy]
 
 
-def _set_key(victims, priority, idle_s, where: str) -> tuple:
+def _rate_of(inputs: RoomInputs):
+    return lambda replica: inputs.rates.get(replica.model, 0.0)
+
+
+def _set_key(victims, priority, idle_s, where: str, rate=lambda v: 0.0) -> tuple:
     gpus = sum(v.gpu_count for v in victims)
     priorities = sorted((priority(v) for v in victims), reverse=True)
+    least_asked_first = round(sum(rate(v) for v in victims), 3)
     longest_idle_first = sorted(-idle_s(v) for v in victims)
-    return (gpus, priorities, longest_idle_first, where, sorted(v.id for v in victims))
+    return (gpus, priorities, least_asked_first, longest_idle_first, where,
+            sorted(v.id for v in victims))  # fmt: skip
 
 
 def _within_limits(victims, may_lose) -> bool:
@@ -307,7 +330,7 @@ def _one_node(waiting, inputs, held, may_take, may_lose, priority, idle_s, block
             if not _within_limits(victims, may_lose):
                 continue
             option = _Option(
-                _set_key(victims, priority, idle_s, node.name),
+                _set_key(victims, priority, idle_s, node.name, _rate_of(inputs)),
                 tuple(victims),
                 [Slice(node.name, fitting(victims)[:need_gpus])],
             )
@@ -356,7 +379,7 @@ def _whole_nodes(waiting, inputs, held, may_take, may_lose, priority, idle_s, bl
             standing += [blockers[rid] for rid in stuck if rid in blockers]
             continue
         victims = sorted(holders.values(), key=lambda r: r.id)
-        key = _set_key(victims, priority, idle_s, node.name)
+        key = _set_key(victims, priority, idle_s, node.name, _rate_of(inputs))
         by_fabric[node.fabric].append((key, node, victims))
     best: _Option | None = None
     for fabric, options in sorted(by_fabric.items()):
@@ -378,7 +401,8 @@ def _whole_nodes(waiting, inputs, held, may_take, may_lose, priority, idle_s, bl
             for n in sorted(chosen_nodes, key=lambda n: n.name)
         ]
         ordered = sorted(victims.values(), key=lambda r: r.id)
-        option = _Option(_set_key(ordered, priority, idle_s, fabric), tuple(ordered), placement)
+        key = _set_key(ordered, priority, idle_s, fabric, _rate_of(inputs))
+        option = _Option(key, tuple(ordered), placement)
         if best is None or option.key < best.key:
             best = option
     return best, standing

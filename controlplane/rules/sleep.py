@@ -215,6 +215,8 @@ def _idle_sleeps(spec, mine, inputs: RoomInputs, nodes, memory: Memory) -> list[
     may = len(ready) - spec.floor
     if may <= 0:
         return []
+    if inputs.is_hot(spec.name):
+        return []  # kept warm: its next request is seconds away, whatever the last gap was
     candidates = []
     for replica in ready:
         seconds, state = inputs.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))

@@ -199,6 +199,7 @@ class FleetView:
             reserved=self.reserved_gpus(),
             now=self.now,
             default_residency_s=self.settings.min_residency_s,
+            rates=self.model_rates(),
         )
 
     # the safe stop
