@@ -420,3 +420,13 @@ def test_a_replica_full_of_our_requests_is_passed_over_for_one_with_room(fastpat
     assert table.acquire("m", keyed) == module.SATURATED, "every replica at the cap"
     table.update({"m": []})
     assert table.acquire("m") == module.NO_ENDPOINT
+
+
+def test_the_snapshot_counts_requests_sent_to_each_endpoint_since_it_was_watched(fastpath):
+    table = make(fastpath)
+    for _ in range(5):
+        table.release(table.acquire("llama"))
+    assert table.snapshot()["requests"] == {"r1": 3, "r2": 2}, "ties rotate"
+    table.update({"llama": [("r1", "http://127.0.0.1:1")]})
+    table.update({"llama": [("r1", "http://127.0.0.1:1"), ("r2", "http://127.0.0.1:2")]})
+    assert table.snapshot()["requests"] == {"r1": 3, "r2": 0}, "r2 came back: a new slot"
