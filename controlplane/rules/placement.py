@@ -61,12 +61,19 @@ def fits_beside(card_mb: int, used: int, gpu_memory_mb: int | None) -> bool:
     return used + awake_mb(card_mb, gpu_memory_mb) <= card_mb - CARD_RESERVE_MB
 
 
+# Below this, no model is hot however its share compares: a request every ten seconds is no
+# reason to give an engine a card of its own, nor to keep an idle one awake.
+MIN_HOT_RATE = 0.1
+
+
 def hot_rate(rates: dict[str, float], nodes) -> float:
     """The rate above which a model is hot: a card's fair share of the fleet's requests (its
-    rate over its usable cards); nothing is hot in an idle fleet."""
+    rate over its usable cards), and at least MIN_HOT_RATE; nothing is hot in an idle fleet."""
     cards = sum(len(n.gpus) for n in nodes if eligible(n))
     total = sum(rates.values())
-    return total / cards if cards and total > 0 else float("inf")
+    if not cards or total <= 0:
+        return float("inf")
+    return max(MIN_HOT_RATE, total / cards)
 
 
 def place(spec: ModelSpec, count: int, nodes: list[Node], held: set[tuple[str, int]]) -> Outcome:

@@ -168,11 +168,9 @@ def why_not(
         )
     rate = inputs.rates.get(spec.name, 0.0)
     if inputs.is_hot(spec.name) and rate > inputs.rates.get(waiting.name, 0.0):
-        # Kept warm: a popular model's requests would wait for its wake in its stead.
+        # Kept warm: its requests, more than the waiting model's, would wait for its wake.
         return Blocker(
-            replica.id,
-            f"busy: {rate:.2f} requests/s, more than {waiting.name}'s",
-            False,
+            replica.id, f"busy: {rate:.2f} requests/s, more than {waiting.name}'s", False
         )
     seconds, state = inputs.idle.get(replica.id, (-1.0, IdleState.UNKNOWN))
     if state == IdleState.UNKNOWN:

@@ -343,9 +343,10 @@ def _wake_one(sleeper, waiting, inputs: RoomInputs, nodes, memory: Memory, holde
         else:
             blockers.append(str(blocker))
             final = final and blocker.permanent
-    # The fewest occupants, the idlest first, whose memory makes it fit awake.
+    # The fewest occupants, the least asked and idlest first, whose memory makes it fit.
     victims, freed = [], trial.copy()
-    takeable.sort(key=lambda r: (-inputs.idle.get(r.id, (0.0, None))[0], r.id))
+    takeable.sort(key=lambda r: (inputs.rates.get(r.model, 0.0),
+                                 -inputs.idle.get(r.id, (0.0, None))[0], r.id))  # fmt: skip
     for occupant in takeable:
         if fits(freed):
             break

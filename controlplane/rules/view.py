@@ -199,8 +199,16 @@ class FleetView:
             reserved=self.reserved_gpus(),
             now=self.now,
             default_residency_s=self.settings.min_residency_s,
-            rates=self.model_rates(),
+            rates=self.demand_rates(),
         )
+
+    def demand_rates(self) -> dict[str, float]:
+        """model -> its rate, plus its requests waiting now spread over the rate's window: a
+        model asked for while nothing of it is awake is as popular as its queue."""
+        rates = self.model_rates()
+        for model, waiting in self.wanted().items():
+            rates[model] = rates.get(model, 0.0) + waiting / self.idle.rates.window_s
+        return rates
 
     # the safe stop
 

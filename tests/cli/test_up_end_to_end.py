@@ -126,9 +126,9 @@ def test_gpuctl_up_end_to_end(tmp_path):
         assert first["capacity"]["H100-80GB"]["total"] == 16
         assert first["capacity"]["A100-80GB"]["total"] == 8
         used_gpus = sum(c["used"] for c in first["capacity"].values())
-        assert used_gpus == 5, "while there are empty cards, each engine gets one"
+        assert used_gpus == 4, "qwen2.5-1.5b, quiet, packed beside a llama-3.1-8b"
 
-        # The tour: qwen2.5-1.5b scaled past the empty A100 cards packs beside a llama.
+        # The tour: qwen2.5-1.5b scaled to seven packs beside the llamas, then cards apart.
         gpuctl("scale", "qwen2.5-1.5b", "7")
 
         def shared_cards():
@@ -136,7 +136,7 @@ def test_gpuctl_up_end_to_end(tmp_path):
             return [c for n in nodes for c in n["cards"] if len(c["residents"]) == 2]
 
         wait_until(shared_cards, 60, "a card holding two engines")
-        assert status()["capacity"]["A100-80GB"]["used"] == 8
+        assert status()["capacity"]["A100-80GB"]["used"] == 7, "one A100 left empty"
         gpuctl("scale", "qwen2.5-1.5b", "1")
         wait_until(
             lambda: len([r for r in replicas().values() if r["model"] == "qwen2.5-1.5b"]) == 1,
