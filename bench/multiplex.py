@@ -492,7 +492,8 @@ def cards_needed(policy: str, s: Settings, arrivals, goal: float, workdir: Path,
 
 def buyers_table(s: Settings, goal: float, wakes=(0.5, 2.0, 6.0), policies=("sleep", "packed")):
     """Rows of the cards each policy needs for `goal` x dedicated's SLO attainment, for each
-    trace and wake time, with the models per card that follows; a row at a time."""
+    trace and wake time, with the models a card that follows (the models the trace asks for
+    over the cards); a row at a time."""
     for trace_name in TRACES:
         for wake_s in wakes:
             point = replace(s, trace=trace_name, wake_s=wake_s, sleep_s=wake_s / 2)
@@ -507,7 +508,7 @@ def buyers_table(s: Settings, goal: float, wakes=(0.5, 2.0, 6.0), policies=("sle
                     row += (
                         [f">{dedicated.cards}", "-"]
                         if cards is None
-                        else [str(cards), f"{s.models / cards:.1f}"]
+                        else [str(cards), f"{dedicated.models / cards:.1f}"]  # models asked
                     )
             yield row
 
