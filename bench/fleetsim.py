@@ -10,12 +10,15 @@ by models of the processes around it, with the timing those processes have by de
 |               | the server hands out; an engine that finished | `order_delay_s` after the tick  |
 |               | a move is reported at once                    |                                 |
 | engines       | `slots` requests at once, a FIFO queue behind;| bench/multiplex.py's Settings   |
-|               | sleep and wake move weights over the node's   |                                 |
-|               | host link, shared by every move on it; the    |                                 |
-|               | engines awake on one card share its compute   |                                 |
+|               | a request's prefill and decode at its model's |  and Size (speeds and wakes by  |
+|               | speeds; sleep and wake move weights over the  |  model size)                    |
+|               | node's host link, shared by every move on it; |                                 |
+|               | the engines awake on one card share its       |                                 |
+|               | compute                                       |                                 |
 | router        | least in flight; parks requests for a model   | router.server.Settings; routes  |
 |               | with no route; acks (a report) at once on a   | `route_delay_s` after the tick  |
-|               | new table and when a withdrawn replica drains |                                 |
+|               | new table and when a withdrawn replica drains;|                                 |
+|               | counts the requests it sends each replica     |                                 |
 
 Engines on one card share its compute by processor sharing: while k of them run requests, each
 runs at 1/k of its speed alone (a request's first token and its end both come k times later).

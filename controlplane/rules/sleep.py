@@ -23,6 +23,12 @@ whose reserves fit beside it, and a swap costs a wake instead of a cold start.
 
 Sleepers' idleness: nothing can route to a sleeper, so it stays as idle as it was when it fell
 asleep, plus the time it has slept: a known lower bound, never `unknown`.
+
+Memory is what each engine holds (controlplane/rules/held.py), never what its spec says now:
+one told to sleep holds all of it until its agent says it sleeps, a sleeper wakes at the share
+it was started with, and a plan counts its own stops against each model's min_replicas. A hot
+model (rules/placement.py: above a card's fair share of the fleet's requests) is not put to
+sleep for idleness; the least asked occupants make way first.
 """
 
 from __future__ import annotations
