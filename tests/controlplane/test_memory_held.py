@@ -27,6 +27,17 @@ def one_card(make_fleet):
     return fleet, reconciler, ReportingRouter(fleet, reconciler)
 
 
+def idle_past_sleep_after(fleet, reconciler, router, clock) -> None:
+    """Its one replica unused past its sleep.after: its route goes, then (acknowledged) its
+    engine is told to sleep."""
+    router.report()
+    wait(fleet, clock, 61)
+    router.report()
+    reconciler.tick()
+    router.report()
+    reconciler.tick()
+
+
 def settle(fleet, reconciler, times=2):
     for _ in range(times):
         reconciler.tick()
@@ -65,12 +76,7 @@ def test_an_engine_told_to_sleep_holds_its_memory_until_its_agent_says_it_sleeps
     fleet.apply(sleepy("a", gpu_memory="60GB"))
     settle(fleet, reconciler)
     (a,) = fleet.replicas_of("a")
-    router.report()
-    wait(fleet, clock, 61)
-    router.report()
-    reconciler.tick()  # idle: its route goes
-    router.report()
-    reconciler.tick()  # acknowledged: its engine is told to sleep
+    idle_past_sleep_after(fleet, reconciler, router, clock)  # its engine is told to sleep
     assert a.state == ReplicaState.SLEEPING and a.sleep == 1
     fleet.apply(packed("b", 40, min_replicas=1))
     agent_says(fleet, "n1", lambda _: "Ready")  # still falling asleep
@@ -109,11 +115,7 @@ def test_a_sleeper_over_its_reserve_is_degraded_and_counted_at_what_it_holds(mak
     fleet.apply(sleepy("a", gpu_memory="60GB"))
     settle(fleet, reconciler)
     (a,) = fleet.replicas_of("a")
-    router.report()
-    wait(fleet, clock, 61)
-    router.report()
-    reconciler.tick()
-    router.report()
+    idle_past_sleep_after(fleet, reconciler, router, clock)
     settle(fleet, reconciler)
     assert a.state == ReplicaState.ASLEEP
     reserve = fleet.specs["a"].asleep_mb()
@@ -133,11 +135,7 @@ def test_a_room_that_cannot_be_made_takes_nothing(make_fleet, clock):
     fleet, reconciler, router = one_card(make_fleet)
     fleet.apply(sleepy("s", gpu_memory="30GB", sleep_gpu_memory="35GB"))
     settle(fleet, reconciler)
-    router.report()
-    wait(fleet, clock, 61)
-    router.report()
-    reconciler.tick()
-    router.report()
+    idle_past_sleep_after(fleet, reconciler, router, clock)
     settle(fleet, reconciler)
     (s,) = fleet.replicas_of("s")
     assert s.state == ReplicaState.ASLEEP

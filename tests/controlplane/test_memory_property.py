@@ -12,7 +12,6 @@ has exited. After every heartbeat and every tick:
 """
 
 import math
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 
 from controlplane.rules.placement import CARD_RESERVE_MB
 from tests.controlplane.conftest import spec
-from tests.controlplane.test_tick_property import World
+from tests.controlplane.test_tick_property import World, play
 
 CARD_MB = 81559
 NODES = ("n1", "n2")  # one card each: engines share cards early
@@ -211,16 +210,5 @@ def run(world: MemoryWorld, specs: dict, op: tuple) -> None:
 @given(histories())
 def test_no_card_ever_holds_more_than_it_has(history):
     specs, ops = history
-    with tempfile.TemporaryDirectory() as directory:
-        world = MemoryWorld(Path(directory))
-        try:
-            for body in specs:
-                world.fleet.apply(body)
-            world.tick(1.0)
-            by_name = {body["name"]: body for body in specs}
-            for op in ops:
-                run(world, by_name, op)
-            for _ in range(3):
-                world.tick(3.0)
-        finally:
-            world.close()
+    by_name = {body["name"]: body for body in specs}
+    play(MemoryWorld, specs, ops, lambda world, op: run(world, by_name, op))

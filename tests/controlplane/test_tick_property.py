@@ -273,19 +273,25 @@ def run(world: World, op: tuple) -> None:
         world.open()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(histories())
-def test_every_tick_keeps_the_rules(history):
-    specs, ops = history
+def play(make_world, specs: list[dict], ops: list[tuple], step) -> None:
+    """A world from `make_world(directory)`, the specs applied, each op through `step(world,
+    op)`, then time for the fleet to settle; every tick checks the rules on the way."""
     with tempfile.TemporaryDirectory() as directory:
-        world = World(Path(directory))
+        world = make_world(Path(directory))
         try:
             for body in specs:
                 world.fleet.apply(body)
             world.tick(1.0)
             for op in ops:
-                run(world, op)
+                step(world, op)
             for _ in range(3):
                 world.tick(3.0)
         finally:
             world.close()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories())
+def test_every_tick_keeps_the_rules(history):
+    specs, ops = history
+    play(World, specs, ops, run)
