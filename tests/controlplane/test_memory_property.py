@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from controlplane.rules.placement import CARD_RESERVE_MB
 from tests.controlplane.conftest import spec
 from tests.controlplane.test_tick_property import World, play
+from tests.controlplane.test_tick_property import run as tick_property_run
 
 CARD_MB = 81559
 NODES = ("n1", "n2")  # one card each: engines share cards early
@@ -161,35 +162,14 @@ def histories(draw):
 
 
 def run(world: MemoryWorld, specs: dict, op: tuple) -> None:
-    fleet, kind = world.fleet, op[0]
-    if kind == "tick":
-        world.tick(op[1])
-    elif kind == "reapply":
+    """This test's own operations; the rest as test_tick_property plays them."""
+    kind = op[0]
+    if kind == "reapply":
         body = dict(specs[op[1]])
         body.pop("gpu_memory", None)
         if op[2] is not None:
             body["gpu_memory"] = op[2]
-        fleet.apply(body)
-    elif kind == "scale" and op[1] in fleet.specs:
-        model = fleet.specs[op[1]]
-        if op[2] >= model.floor:
-            fleet.scale(op[1], op[2])
-    elif kind == "delete" and op[1] in fleet.specs:
-        fleet.delete(op[1])
-    elif kind == "stream":
-        router = world.routers[op[1]]
-        endpoints = router.table.get(op[2], [])
-        if endpoints:
-            router.in_flight[endpoints[0]] += 1
-            router.used[endpoints[0]] = world.clock()
-    elif kind == "stream_ends":
-        router = world.routers[op[1]]
-        busy = sorted(i for i, n in router.in_flight.items() if n)
-        if busy:
-            router.in_flight[busy[0]] -= 1
-            router.used[busy[0]] = world.clock()
-    elif kind == "wait":
-        world.routers[op[1]].waiting[op[2]] = op[3]
+        world.fleet.apply(body)
     elif kind in ("stuck_wake", "engine_dead"):
         running = sorted((r, e) for node in world.engines.values() for r, e in node.items())
         if running:
@@ -200,10 +180,8 @@ def run(world: MemoryWorld, specs: dict, op: tuple) -> None:
                 world.dead.add(replica)
     elif kind == "agent_restart":
         world.restarting.add(op[1])
-    elif kind == "partition":
-        world.partitioned.add(op[1])
-    elif kind == "heal":
-        world.partitioned.discard(op[1])
+    else:
+        tick_property_run(world, op)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
