@@ -27,18 +27,18 @@ WINDOW_S = 60.0  # a minute: long enough to ride out a burst's gaps, short enoug
 class RequestRates:
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
-        self.counters: dict[tuple[str, str], dict[str, int]] = {}  # (router, incarnation) -> ...
+        # router -> (its incarnation, its last counters: replica -> requests sent since watched)
+        self.counters: dict[str, tuple[str, dict[str, int]]] = {}
         self.level: dict[str, tuple[float, float]] = {}  # replica -> (decayed count, at)
 
     def take(self, router: str, incarnation: str, requests: dict[str, int], now: float) -> None:
         """One report's counters (replica -> requests sent since watched)."""
         folded = dict(requests)
-        before = self.counters.get((router, incarnation))
-        for key in [k for k in self.counters if k[0] == router and k[1] != incarnation]:
-            del self.counters[key]  # a newer incarnation of the same router
-        self.counters[(router, incarnation)] = folded
-        if before is None:
-            return
+        last = self.counters.get(router)
+        self.counters[router] = (incarnation, folded)
+        if last is None or last[0] != incarnation:
+            return  # a router new to us, or restarted: its counters' past is unknown
+        before = last[1]
         for replica, count in folded.items():
             grew = count - before.get(replica, 0)
             self._add(replica, count if grew < 0 else grew, now)
