@@ -120,7 +120,7 @@ class Placer:
         self.held = held
         self.used: dict[tuple[str, int], int] = {gpu: mb for gpu, mb in (used or {}).items()
                                                  if mb > 0}  # fmt: skip
-        self.load = load or {}
+        self.load = dict(load or {})  # grows with what this Placer places: a copy
         self.rates = rates or {}
         self.awake = self.used if awake is None else dict(awake)
         self.hot_rate = hot_rate(self.rates, nodes)
