@@ -107,6 +107,12 @@ class AgentReports:
         replica = self.replicas.get(replica_id)
         if replica is None or node.name not in replica.nodes:
             return  # an agent's leftover: it is not assigned, the agent will stop it
+        if node.name in replica.gone_from and report["state"] not in ("Failed", "Stopped"):
+            # Its process runs there after all (an agent back from a restart or a partition
+            # that had not reported it): it holds that node's cards again.
+            replica.gone_from = [n for n in replica.gone_from if n != node.name]
+            self.put_replica(replica)
+            self.changed = True
         leader = replica.placement[0].node == node.name
         if replica.state == ReplicaState.FAILED and replica.lost and leader:
             self._back_with_node(node, replica, report)

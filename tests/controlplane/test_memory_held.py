@@ -177,3 +177,21 @@ def test_a_plan_counts_its_own_stops_against_min_replicas():
     assert [m.action for m in moves] == ["stop", "blocked"], "s keeps one: its min_replicas"
     assert "min_replicas 1 keeps it" in moves[-1].why
     assert planned == {"s": 1}
+
+
+def test_an_engine_reported_again_after_it_was_taken_for_gone_holds_its_card_again(
+    make_fleet, clock
+):
+    fleet, reconciler, router = one_card(make_fleet)
+    fleet.apply(packed("a", 60))
+    settle(fleet, reconciler)
+    (a,) = fleet.replicas_of("a")
+    clock.advance(20)
+    reconciler.tick()  # its node is silent past the timeout: a is lost with it
+    assert a.state == ReplicaState.FAILED and a.lost
+    fleet.heartbeat("n1", {"replicas": {}})  # back, its agent not yet reporting its engines
+    assert a.gone_from == ["n1"]
+    fleet.heartbeat("n1", {"replicas": {a.id: {"state": "Ready", "url": "http://x:1"}}})
+    assert a.gone_from == [] and a.state == ReplicaState.READY, "it ran all along"
+    memory = memory_of(list(fleet.replicas.values()), fleet.specs, fleet.nodes)
+    assert memory.used_on(("n1", 0)) >= 0.70 * CARD_MB
