@@ -20,7 +20,10 @@ A replica holds, on each of its cards:
 `--gpu-memory-utilization`), fixed when the replica is placed and kept on the replica: a
 re-applied spec changes what new engines get, never what running ones hold. The share is
 rounded down, so an engine never takes more than its spec says. A replica from an older store,
-placed before the share was kept, holds its whole card until it is gone.
+placed before the share was kept, is given its spec's share plus a hundredth on load (what an
+older version handed out, rounded to the nearest); one whose spec went too holds its whole
+card until it is gone. Per card, controlplane/rules/sleep.py (`awake_of`, `reserve_of`) reads
+these.
 """
 
 from __future__ import annotations
@@ -80,15 +83,6 @@ def asleep_held_mb(replica: Replica) -> int:
     """MiB a sleeping `replica` holds on each card: its reserve, or what NVML read since it
     fell asleep when that is more."""
     return max(1, replica.reserve_mb, replica.gpu_memory_used_mb)
-
-
-def held_mb(replica: Replica, node: str, card_mb: int) -> int:
-    """MiB `replica` holds now on one of its cards (on `node`, of `card_mb`)."""
-    if not holds_memory(replica, node):
-        return 0
-    if replica.asleep_held:
-        return asleep_held_mb(replica)
-    return awake_held_mb(replica, card_mb)
 
 
 def allowed_mb(replica: Replica, card_mb: int, spec: ModelSpec | None = None) -> int:
