@@ -53,10 +53,23 @@ class Executor:
 
     def place(self, act: a.Place) -> None:
         replica = self.fleet.add_replica(act.model, list(act.placement))
+        if act.moved:
+            replica.moved_in = True
+            self.fleet.put_replica(replica)
         if act.swap_since is not None:
             self.fleet.swapping[replica.id] = (act.model, act.swap_since)
         if act.why:
             self.fleet.event(act.model, act.why)
+
+    def set_moving(self, act: a.SetMoving) -> None:
+        replica = self._replica(act.replica)
+        if replica is None or replica.moving == act.why:
+            return
+        replica.moving = act.why
+        self.fleet.put_replica(replica)
+        self.fleet.changed = True
+        if act.why:
+            self.fleet.event(replica.model, f"replica {replica.id} {act.why}")
 
     # the one stop path
 
@@ -113,6 +126,7 @@ class Executor:
         # It holds all its memory again from this order on (rules/held.py).
         replica.asleep_held = False
         replica.gpu_memory_used_mb = 0
+        replica.moved_in = False  # a new residency: a move may take it again
         replica.woken_at = self.fleet.wall()
         self.fleet.set_replica_state(replica, ReplicaState.WAKING, act.why)
 
@@ -234,6 +248,7 @@ HANDLERS = {
     a.Fail: Executor.fail,
     a.Forget: Executor.forget,
     a.Place: Executor.place,
+    a.SetMoving: Executor.set_moving,
     a.Withdraw: Executor.withdraw,
     a.Stop: Executor.stop,
     a.Drained: Executor.drained,

@@ -62,6 +62,13 @@ class Place:
     placement: tuple  # Slices
     swap_since: float | None = None
     why: str = ""
+    moved: bool = False  # the replacement of a replica moving off a hot card
+
+
+@dataclass(frozen=True)
+class SetMoving:
+    replica: str
+    why: str  # "": the move is called off
 
 
 @dataclass(frozen=True)

@@ -307,6 +307,11 @@ class Replica:
     reserve_mb: int = 0
     asleep_held: bool = False
     gone_from: list[str] = field(default_factory=list)
+    # Rebalancing (controlplane/rules/rebalance.py): why it is moving off a hot card (its
+    # replacement starts elsewhere, then it takes the safe stop); whether a move placed it
+    # (not moved again until it has slept and woken).
+    moving: str = ""
+    moved_in: bool = False
 
     @property
     def gpu_count(self) -> int:
@@ -346,6 +351,8 @@ class Replica:
             "reserve_mb": self.reserve_mb,
             "asleep_held": self.asleep_held,
             "gone_from": list(self.gone_from),
+            "moving": self.moving,
+            "moved_in": self.moved_in,
         }
 
     def copy(self) -> Replica:
@@ -378,6 +385,8 @@ class Replica:
             self.reserve_mb,
             self.asleep_held,
             list(self.gone_from),
+            self.moving,
+            self.moved_in,
         )
 
     @classmethod

@@ -49,6 +49,7 @@ class SimRouter:
         self.reported_table: set[str] = set()
         self.reported_in_flight: Counter = Counter()
         self.waiting: dict[str, int] = {}
+        self.requests: Counter = Counter()  # replica -> requests sent since watched
 
     def endpoints(self) -> set[str]:
         return {e for eps in self.table.values() for e in eps}
@@ -75,6 +76,7 @@ class SimRouter:
                 "watched": {i: now - self.since[i] for i in ids},
                 "in_flight": {i: n for i, n in self.in_flight.items() if n},
                 "waiting": dict(self.waiting),
+                "requests": {i: n for i, n in self.requests.items() if i in ids},
             }
         )
         self.reported_at = now
@@ -219,6 +221,8 @@ operations = st.one_of(
     st.tuples(st.just("silent"), st.integers(0, 1), st.booleans()),
     st.tuples(st.just("stream"), st.integers(0, 1), st.sampled_from(MODELS)),
     st.tuples(st.just("stream_ends"), st.integers(0, 1)),
+    st.tuples(st.just("requests"), st.integers(0, 1), st.sampled_from(MODELS),
+              st.sampled_from([1, 20, 200])),  # fmt: skip
     st.tuples(st.just("wait"), st.integers(0, 1), st.sampled_from(MODELS), st.integers(0, 2)),
     st.tuples(st.just("leader_change")),
 )
@@ -260,6 +264,13 @@ def run(world: World, op: tuple) -> None:
         if endpoints and not router.silent:
             target = endpoints[0]
             router.in_flight[target] += 1
+            router.requests[target] += 1
+            router.used[target] = world.clock()
+    elif kind == "requests":
+        # Requests that came and went since the last report: popularity, nothing in flight.
+        router = world.routers[op[1]]
+        for target in router.table.get(op[2], [])[:1]:
+            router.requests[target] += op[3]
             router.used[target] = world.clock()
     elif kind == "stream_ends":
         router = world.routers[op[1]]

@@ -35,6 +35,7 @@ from controlplane.vocabulary.actions import (
     Event,
     Place,
     Revive,
+    SetMoving,
     SetReason,
     SetRoom,
     SetScaled,
@@ -121,6 +122,7 @@ def revivable(view: FleetView, model: str, draining: set[str]) -> list:
             or (r.state == ReplicaState.SLEEPING and not r.sleep)  # its engine still awake
         )
         and r.url
+        and not r.moving
         and r.id not in kept_for_others
         and not draining.intersection(r.nodes)
         and not gpu_faults(r, view.nodes)
@@ -133,9 +135,14 @@ def _model(view: FleetView, spec, placer: Placer, wanted: dict, draining: set[st
     # A replica on a failed GPU (Degraded) is replaced like one on a draining node, but is
     # stopped only once its replacement is Ready: it may still be serving meanwhile.
     degraded = {r.id for r in mine if gpu_faults(r, view.nodes)}
-    staying = [r for r in mine if not draining.intersection(r.nodes) and r.id not in degraded]
+    # One moving off a hot card (tick/steps/rebalance.py) goes the same way, once its
+    # replacement, started where the placer puts it, is Ready.
+    moving = {r.id for r in mine if r.moving and r.id not in degraded}
+    staying = [r for r in mine if not draining.intersection(r.nodes)
+               and r.id not in degraded and r.id not in moving]  # fmt: skip
     leaving = [r for r in mine if draining.intersection(r.nodes)]
     replaced = [r for r in mine if r.id in degraded and not draining.intersection(r.nodes)]
+    moved = [r for r in mine if r.id in moving and not draining.intersection(r.nodes)]
     desired = view.desired(spec)
     missing = desired - len(staying)
     actions: list = []
@@ -152,9 +159,21 @@ def _model(view: FleetView, spec, placer: Placer, wanted: dict, draining: set[st
         pass  # room is being made for it: it goes where its GPUs are kept
     elif missing > 0:
         outcome = placer.place(spec, missing)
-        actions += [Place(name, placement) for placement in outcome.placements]
+        # The last ones placed stand for the moving replicas: a move places no more than that.
+        first_moved = len(outcome.placements) - len(moved)
+        actions += [
+            Place(name, placement, moved=i >= first_moved)
+            for i, placement in enumerate(outcome.placements)
+        ]
+        short = outcome.reason
+        if short and moved:
+            # Its replacement no longer fits anywhere: the move is off, the replica stays.
+            actions += [SetMoving(r.id, "") for r in moved]
+            if missing - len(moved) <= len(outcome.placements):
+                short = ""
+            moved = []
         if (
-            outcome.reason
+            short
             and spec.floor == 0
             and not wanted.get(name)
             and Placer(list(view.nodes.values()), set()).place(spec, 1).placements
@@ -168,8 +187,8 @@ def _model(view: FleetView, spec, placer: Placer, wanted: dict, draining: set[st
             ]
             reason = ""
         elif name not in view.room:
-            actions.append(SetReason(name, outcome.reason))
-            reason = outcome.reason
+            actions.append(SetReason(name, short))
+            reason = short
     elif not view.room.get(name, {}).get("wake"):
         actions += [SetReason(name, ""), SetRoom(name, None)]
         reason = ""
@@ -201,4 +220,6 @@ def _model(view: FleetView, spec, placer: Placer, wanted: dict, draining: set[st
         for replica in replaced:
             faults = "; ".join(gpu_faults(replica, view.nodes))
             actions.append(Stop(replica.id, f"replaced: {faults}"))
+    if moved and len(ready) >= desired:
+        actions += [Stop(r.id, r.moving) for r in moved]
     return actions
