@@ -161,7 +161,9 @@ def by_demand(capacity: float, wants: dict[str, float]) -> dict[str, float]:
     return {key: want + spare for key, want in wants.items()}
 
 
-MINUTE_ROW, BASE_ROW = "usage_minute/", "usage_base/"  # the store's rows (records)
+# The store's rows (records): usage by minute, each router's usage base, each tenant's shares
+# as last published.
+MINUTE_ROW, BASE_ROW, SHARES_ROW = "usage_minute/", "usage_base/", "tenant_shares/"
 
 
 class TenantLedger:
@@ -172,7 +174,12 @@ class TenantLedger:
     counters grew since the base of the same incarnation, whichever leader took the base and
     however long the router was silent; only a new incarnation starts from zero. So a failover
     or a partition adds deltas, never a router's lifetime, and no minute reported is lost
-    (the rows are written before the report is answered)."""
+    (the rows are written before the report is answered).
+
+    The shares last published are kept in the store too: a new leader has no demand rates
+    until each router has reported twice, and splitting by nothing would drop every router to
+    its floor. It publishes the shares it inherited, unchanged, until every router they name
+    has reported a rate to it or left (`inherited`)."""
 
     def __init__(self) -> None:
         # router -> (incarnation, wall time, {tenant: {"demand": [...], "usage": {...}}})
@@ -190,6 +197,8 @@ class TenantLedger:
         self.wanted: dict[str, dict[str, float]] = {}
         self.wanted_used: dict[str, dict[str, float]] = {}
         self.rate_base: dict[str, tuple[str, float, dict]] = {}  # router -> a rate's start
+        self.inherited: set[str] = set()  # tenants whose shares a former leader published
+        self.first_report_at = 0.0  # when this ledger took its first report
         self.clock = 0.0  # the newest report's time
 
     def check(self, body) -> dict:
@@ -208,6 +217,8 @@ class TenantLedger:
         router, incarnation = body["router"], body.get("incarnation", "")
         for key_id, at in body.get("keys_used", {}).items():
             self.keys_used[key_id] = max(at, self.keys_used.get(key_id, 0.0))
+        if not self.last and not self.clock:
+            self.first_report_at = now
         self.clock = max(self.clock, now)
         self.last[router] = (incarnation, now, counters)
         previous = self.rate_base.get(router)
@@ -281,6 +292,10 @@ class TenantLedger:
                 minutes.append((float(key[len(MINUTE_ROW) :]), bucket))
             elif key.startswith(BASE_ROW):
                 self.bases[key[len(BASE_ROW) :]] = orjson.loads(body)
+            elif key.startswith(SHARES_ROW):
+                tenant = key[len(SHARES_ROW) :]
+                self.published[tenant] = orjson.loads(body)
+                self.inherited.add(tenant)
         self.minutes = deque(sorted(minutes, key=lambda m: m[0]))
 
     def take_dirty_rows(self) -> dict[str, bytes | None]:
@@ -294,6 +309,9 @@ class TenantLedger:
                     if bucket is None
                     else orjson.dumps({"\t".join(k): v for k, v in bucket.items()})
                 )
+            elif key.startswith(SHARES_ROW):
+                shares = self.published.get(key[len(SHARES_ROW) :])
+                rows[key] = None if shares is None else orjson.dumps(shares)
             else:
                 base = self.bases.get(key[len(BASE_ROW) :])
                 rows[key] = None if base is None else orjson.dumps(base)
@@ -314,6 +332,8 @@ class TenantLedger:
         for by_tenant in (self.demand, self.published, self.published_at, self.wanted,
                           self.wanted_used):  # fmt: skip
             by_tenant.pop(tenant, None)
+        self.inherited.discard(tenant)
+        self.dirty.add(SHARES_ROW + tenant)
 
     def usage(self, since_s: float, now: float) -> list[dict]:
         """Rows per (tenant, model) over the last `since_s` seconds, by tenant then model."""
@@ -345,11 +365,17 @@ class TenantLedger:
         that limit is off), for the routers that asked for the tenant; moved only when a
         router's share changed by more than SHARE_CHANGE of the limit."""
         demands = self.demand.get(tenant, {})
+        old = self.published.get(tenant, {})
+        if tenant in self.inherited:
+            heard_for = self.clock - self.first_report_at if self.last else 0.0
+            if heard_for < ROUTER_GONE_S and any(r not in demands for r in old):
+                return old  # a former leader's, until its routers' rates are known here
+            self.inherited.discard(tenant)
         routers = self.askers(tenant)
         if not routers or not (rpm or tpm or in_flight):
-            self.published.pop(tenant, None)
+            if self.published.pop(tenant, None) is not None:
+                self.dirty.add(SHARES_ROW + tenant)
             return {}
-        old = self.published.get(tenant, {})
         same_routers = sorted(old) == routers
         if same_routers and self.clock - self.published_at.get(tenant, -math.inf) < SHARE_HOLD_S:
             return old
@@ -367,6 +393,7 @@ class TenantLedger:
             return old
         rounded = {r: [_round(v) for v in values] for r, values in fresh.items()}
         self.published[tenant] = rounded
+        self.dirty.add(SHARES_ROW + tenant)
         self.published_at[tenant] = self.clock
         return rounded
 

@@ -144,6 +144,11 @@ class Fleet(Intents, TenantIntents, AgentReports):
         # "auth": "tenants" once any tenant was applied, kept when the last one goes, so that
         # deleting it never opens the routers; `auth_flag` (gpuctl server --auth) overrides.
         self.settings: dict[str, str] = kept["setting"]
+        if self.tenants and "auth" not in self.settings:
+            # A store written before the setting existed: its tenants close the routers as
+            # an applied tenant does, for good, so that deleting the last one opens nothing.
+            self.settings["auth"] = "tenants"
+            self.flush_records()
         self.auth_flag: str | None = None
         # Autoscaling (controlplane/rules/autoscale.py): model -> its recommendation window, kept in
         # the store; and what the last decision said and was, for `gpuctl models` and /metrics.

@@ -166,3 +166,40 @@ def test_a_router_that_took_the_whole_limit_alone_is_not_assumed_drained_when_ot
     grown = {r: later[r][2] for r in later}
     assert sum(max(grown[r], held[r]) for r in grown) <= 32, later
     assert grown["r1"] > 1, "r1 grows into what r0 is known not to hold"
+
+
+def test_a_new_leader_publishes_the_shares_it_inherited_until_it_knows_the_rates(make_fleet, clock):
+    """A failover must not drop every router to its floor: 16 each before, 16 each after."""
+    fleet, _ = make_fleet()
+    ledger = fleet.ledger
+    for now, total in ((0.0, 0.0), (60.0, 100.0), (120.0, 200.0)):
+        for router in ("edge-a", "edge-b", "edge-c", "edge-d"):
+            report(ledger, router, clock() + now, total or 0.001, total * 10)
+    before = ledger.shares("acme", 600, None, 64)
+    assert [s[2] for s in before.values()] == [16] * 4
+    fleet.flush_activity()
+    successor, _ = make_fleet()
+    assert successor.ledger.shares("acme", 600, None, 64) == before, "before any report"
+    report(successor.ledger, "edge-a", clock() + 200, 300.0, 3000.0)
+    report(successor.ledger, "edge-b", clock() + 200, 300.0, 3000.0)
+    assert successor.ledger.shares("acme", 600, None, 64) == before, "one report: no rate yet"
+    for now in (205.0, 210.0):
+        for router in ("edge-a", "edge-b", "edge-c", "edge-d"):
+            report(successor.ledger, router, clock() + now, 300.0 + now, 3000.0)
+    after = successor.ledger.shares("acme", 600, None, 64)
+    assert sorted(after) == sorted(before) and sum(s[2] for s in after.values()) == 64
+    successor.ledger.forget_tenant("acme")
+    successor.flush_activity()
+    third, _ = make_fleet()
+    assert third.ledger.shares("acme", 600, None, 64) == {}, "a deleted tenant's shares go"
+
+
+def test_a_store_with_tenants_from_before_the_auth_setting_opens_closed(make_fleet):
+    fleet, _ = make_fleet()
+    fleet.apply_tenant({"name": "acme", "requests_per_minute": 60})
+    fleet.store.put_record("setting/auth", None)  # as the previous version wrote it: no setting
+    reopened, _ = make_fleet()
+    assert reopened.auth_mode == "tenants"
+    reopened.delete_tenant("acme")
+    assert reopened.auth_mode == "tenants", "deleting the last tenant opens nothing"
+    assert make_fleet()[0].auth_mode == "tenants", "and it is stored"
