@@ -104,7 +104,8 @@ class Bucket:
 
 
 class UsageRow:
-    """One tenant's answers for one model, counted since the router started."""
+    """One tenant's answers for one model, counted since the router started: requests
+    admitted, of them the errors, and requests refused by a limit."""
 
     def __init__(self) -> None:
         self.requests = self.errors = self.rate_limited = 0.0
@@ -257,11 +258,14 @@ class TenantState:
         row = self.usage.get(model)
         if row is None:
             row = self.usage[model] = UsageRow()
-        row.requests += 1
-        if status >= 400:
-            row.errors += 1
+        # Three apart: admitted (`requests`), refused by a limit (`rate_limited`), and the
+        # admitted that failed (`errors`): a refusal is neither of the other two.
         if refused:
             row.rate_limited += 1
+        else:
+            row.requests += 1
+            if status >= 400:
+                row.errors += 1
         row.prompt_tokens += prompt
         row.completion_tokens += completion
         if status == 200:

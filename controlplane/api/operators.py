@@ -234,7 +234,11 @@ async def metrics(request: web.Request) -> web.Response:
         "adapter_unloads": dict(fleet.adapter_unloads),
         "views_built": term(request).views.built,
         "gpu_seconds_last_hour": allocate(
-            fleet.meter, tokens_by_minute(fleet.ledger.minutes), 3600.0, fleet.wall()
+            fleet.meter,
+            tokens_by_minute(fleet.ledger.minutes),
+            3600.0,
+            fleet.wall(),
+            fleet.adapter_bases(),
         ),
     }
     fleet_summary = await view(request, ("summary", None), lambda s: summary(s))

@@ -116,11 +116,21 @@ async def authorization(request: web.Request, handler):
     tokens = request.app[TOKENS_KEY]
     route = request.match_info.route
     needs = request.app[NEEDS_KEY].get(route)
-    if request.app[METRICS_TOKEN_KEY] and route is request.app[METRICS_ROUTE_KEY]:
-        tokens = {**tokens, "metrics": request.app[METRICS_TOKEN_KEY]}
+    current = request[TERM_KEY]
+    if route is request.app[METRICS_ROUTE_KEY]:
+        if request.app[METRICS_TOKEN_KEY]:
+            tokens = {**tokens, "metrics": request.app[METRICS_TOKEN_KEY]}
+        if current is not None and current.fleet.auth_mode == "tenants":
+            # It names tenants and what they spend: closed as the routers' /metrics is.
+            if not tokens:
+                raise Denied(
+                    401,
+                    "this fleet has tenants, whose usage /metrics shows: it needs a token"
+                    " (gpuctl server --metrics-token, or a viewer's from --token-file)",
+                )
+            needs = ("metrics", "viewer")
     if not tokens or needs is None:  # open, or no such route (404/405 follow)
         return await handler(request)
-    current = request[TERM_KEY]
     credentials = current.fleet.credentials if current is not None else NO_CREDENTIALS
     caller = identify(request.headers.get("Authorization", ""), tokens, credentials)
     # A path that names no node (registration) is about the caller's own: its handler checks

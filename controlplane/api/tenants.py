@@ -53,7 +53,9 @@ async def get_usage(request: web.Request) -> web.Response:
         raise ApiError(400, "since: at most 24h is kept", "invalid_request", "since")
     fleet = term(request).fleet
     now = fleet.wall()
-    charged = allocate(fleet.meter, tokens_by_minute(fleet.ledger.minutes), since, now)
+    charged = allocate(
+        fleet.meter, tokens_by_minute(fleet.ledger.minutes), since, now, fleet.adapter_bases()
+    )
     rows = with_cost(fleet.ledger.usage(since, now), charged)
     tenant = request.query.get("tenant")
     if tenant:

@@ -106,26 +106,32 @@ class GpuMeter:
         return rows
 
 
-def allocate(meter: GpuMeter, tokens: dict, since_s: float, now: float) -> dict:
+def allocate(
+    meter: GpuMeter, tokens: dict, since_s: float, now: float, bases: dict | None = None
+) -> dict:
     """(tenant, model) -> [GPU-seconds, GiB-seconds asleep] over the last `since_s` seconds.
-    `tokens`: minute start -> {(tenant, model): tokens served}."""
+    `tokens`: minute start -> {(tenant, model): tokens served}. `bases`: adapter -> its base
+    model: an adapter's tokens take their part of its base's GPU time (the engine that served
+    them), charged under the adapter's name."""
+    bases = bases or {}
     charged: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for minute, bucket in meter.minutes:
         if minute + 60.0 <= now - since_s:
             continue
-        served: dict[str, dict[str, float]] = defaultdict(dict)  # model -> tenant -> tokens
+        # engine's model -> (tenant, model asked for) -> tokens
+        served: dict[str, dict[tuple[str, str], float]] = defaultdict(dict)
         for (tenant, model), n in tokens.get(minute, {}).items():
             if n > 0:
-                served[model][tenant] = n
+                served[bases.get(model, model)][(tenant, model)] = n
         for model, (gpu_s, gib_s, owner) in bucket.items():
             if model == FLEET:
                 continue
-            by_tenant = served.get(model, {})
-            whole = sum(by_tenant.values())
+            by_asker = served.get(model, {})
+            whole = sum(by_asker.values())
             if not whole:
-                by_tenant, whole = {owner or UNALLOCATED: 1.0}, 1.0
-            for tenant, n in by_tenant.items():
-                into = charged[(tenant, model)]
+                by_asker, whole = {(owner or UNALLOCATED, model): 1.0}, 1.0
+            for key, n in by_asker.items():
+                into = charged[key]
                 into[0] += gpu_s * n / whole
                 into[1] += gib_s * n / whole
     return dict(charged)

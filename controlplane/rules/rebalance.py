@@ -84,7 +84,7 @@ def plan_rebalance(
     for gpu in hot_cards:
         candidates = [
             r for r in awake_on[gpu]
-            if movable(r, now) and rates.get(r.id, 0.0) > 0 and r.model in specs
+            if movable(r, now) and rates.get(r.id, 0.0) > hot and r.model in specs
         ]  # fmt: skip
         if not candidates:
             continue

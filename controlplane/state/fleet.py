@@ -391,6 +391,10 @@ class Fleet(Intents, TenantIntents, AgentReports):
             },
         )
 
+    def adapter_bases(self) -> dict[str, str]:
+        """adapter -> the model whose engines serve it (GPU time is its base's)."""
+        return {name: adapter.base for name, adapter in self.adapters.items()}
+
     @property
     def auth_mode(self) -> str:
         """What routers ask of a request: "tenants" (a key of a tenant) or "none"."""

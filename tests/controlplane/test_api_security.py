@@ -162,6 +162,26 @@ def test_metrics_can_ask_for_a_token_of_their_own(procs, tmp_path):
     assert get(url + "/healthz")[0] == 200
 
 
+def test_metrics_close_once_the_fleet_has_tenants_and_stay_closed(procs, tmp_path):
+    """/metrics names tenants and their GPU-seconds: with no token to ask for, it answers
+    nobody once a tenant exists, and a metrics token opens it again."""
+    url, _ = control_plane(procs, tmp_path / "open.sqlite")
+    assert get(url + "/metrics")[0] == 200, "no tenant: open, as before"
+    assert call("POST", url + "/v1/tenants", {"name": "secret-team"})[0] == 201
+    status, body = get(url + "/metrics")
+    assert status == 401 and b"secret-team" not in body
+    assert b"--metrics-token" in body, "the answer says how to read it"
+    assert call("DELETE", url + "/v1/tenants/secret-team")[0] == 200
+    assert get(url + "/metrics")[0] == 401, "deleting the last tenant opens nothing"
+    assert call("GET", url + "/v1/tenants")[0] == 200, "the rest of the API is as it was"
+
+    url, _ = control_plane(procs, tmp_path / "token.sqlite", None, "--metrics-token", "prom-1")
+    assert call("POST", url + "/v1/tenants", {"name": "secret-team"})[0] == 201
+    assert get(url + "/metrics")[0] == 401
+    status, body = get(url + "/metrics", _bearer("prom-1"))
+    assert status == 200 and b"gpufleet_" in body
+
+
 def test_tls_with_a_private_ca_and_a_clear_refusal_without_it(procs, tmp_path):
     made = make_certificates(tmp_path / "tls")
     token_file = tmp_path / "tokens.yaml"

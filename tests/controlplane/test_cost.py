@@ -83,3 +83,17 @@ def test_a_paused_leader_does_not_charge_the_gap_and_the_rows_round_trip():
     again.load({k: v for k, v in meter.take_dirty_rows().items() if v is not None})
     assert again.fleet_gpu_seconds(3600.0, 304.0) == pytest.approx(4.0)
     assert meter.take_dirty_rows() == {}, "written once"
+
+
+def test_a_tenant_served_through_an_adapter_is_charged_its_part_of_the_base_s_gpu_time():
+    specs = {"chat": spec("chat")}
+    replicas = [replica("c-1", "chat", [0])]
+    meter = GpuMeter()
+    for second in range(-2, 59, 2):  # a minute of ticks every 2 s, from 6000
+        meter.measure(replicas, specs, NODES, 6000.0 + second)
+    minute = {("a", "chat-sql"): [1, 0, 0, 100, 200, 0], ("b", "chat"): [1, 0, 0, 50, 50, 0]}
+    usage = [(6000.0, minute)]
+    charged = allocate(meter, tokens_by_minute(usage), 3600.0, 6060.0, {"chat-sql": "chat"})
+    assert charged[("a", "chat-sql")][0] == pytest.approx(60.0 * 300 / 400, abs=0.5)
+    assert charged[("b", "chat")][0] == pytest.approx(60.0 * 100 / 400, abs=0.5)
+    assert not any(tenant == UNALLOCATED for tenant, _ in charged), "nothing left unallocated"

@@ -1,5 +1,5 @@
 """Rebalancing over the whole tick: two models packed on one card that both turn busy are parted
-(the quieter one starts on the free card and its old replica drains), no request is cut, and
+(the quieter one starts on a free card and its old replica drains), no request is cut, and
 the moved one is not moved again in its residency. The rule's edges are unit-tested on
 `plan_rebalance`."""
 
@@ -35,7 +35,7 @@ def send(world, model, per_tick):
 
 
 def test_two_busy_models_on_one_card_are_parted_without_a_cut(tmp_path):
-    world = World(tmp_path, nodes=("n1",), gpus=2)
+    world = World(tmp_path, nodes=("n1",), gpus=4)
     try:
         for name in ("a", "b"):
             world.fleet.apply(spec(name=name, gpu_memory="30GB", min_replicas=1, replicas=1))
@@ -48,7 +48,7 @@ def test_two_busy_models_on_one_card_are_parted_without_a_cut(tmp_path):
         world.routers[1].in_flight[old_b] += 1
         for _ in range(60):
             send(world, "a", 6)  # 3 requests/s at 2 s a tick
-            send(world, "b", 2)  # 1 request/s
+            send(world, "b", 3)  # 1.5 requests/s: both above a card's share (4.5 / 4 cards)
             world.tick(2.0)
         b = cards_of(world, "b")
         assert [c for _, state, c in b if state == "Ready"] == [[("n1", 1)]], b
@@ -59,7 +59,7 @@ def test_two_busy_models_on_one_card_are_parted_without_a_cut(tmp_path):
         world.routers[1].in_flight[old_b] -= 1
         for _ in range(5):
             send(world, "a", 6)
-            send(world, "b", 2)
+            send(world, "b", 3)
             world.tick(2.0)
         assert [rid for rid, *_ in cards_of(world, "b")] != [old_b]
         assert len(cards_of(world, "b")) == 1, "the old replica is gone once drained"
@@ -86,13 +86,12 @@ def ready(rid, card=0, **kw):
                    ready_at=NOW - 2 * MIN_RESIDENCY_S, memory_share=0.37, **kw)  # fmt: skip
 
 
-def plan(replicas, rates, specs=("a", "b", "c")):
+def plan(replicas, rates, specs=("a", "b", "c"), hot=0.5):
     load = {}
     for r in replicas:
         for p in r.placement:
             for i in p.gpus:
                 load[(p.node, i)] = load.get((p.node, i), 0.0) + rates.get(r.id, 0.0)
-    fair = sum(rates.values()) / 2
 
     def placer():
         used = {}
@@ -108,11 +107,11 @@ def plan(replicas, rates, specs=("a", "b", "c")):
         by_model = {r.model: rates.get(r.id, 0.0) for r in replicas}
         return Placer([node()], set(), used, dict(load), models_on, by_model)
 
-    return plan_rebalance(replicas, rates, load, fair, placer,
+    return plan_rebalance(replicas, rates, load, hot, placer,
                           {name: model(name) for name in specs}, NOW)  # fmt: skip
 
 
-def test_the_quietest_model_of_a_hot_card_moves_to_the_free_one():
+def test_the_quieter_of_two_hot_models_on_one_card_moves_to_the_free_one():
     move = plan([ready("a-1"), ready("b-1")], {"a-1": 3.0, "b-1": 1.0})
     assert move.replica.id == "b-1" and move.card == ("n1", 0)
     assert [(s.node, s.gpus) for s in move.to] == [("n1", [1])]
@@ -133,6 +132,10 @@ def test_no_move_for_the_young_the_moved_in_a_move_under_way_or_the_unasked():
     assert plan([ready("a-1", moved_in=True), ready("b-1", moved_in=True)], rates) is None
     assert plan([ready("a-1"), ready("b-1"), ready("c-1", 1, moving="x")], rates) is None
     assert plan([ready("a-1"), ready("b-1")], {"a-1": 4.0}) is None, "b is never asked"
+    assert plan([ready("a-1"), ready("b-1")], {"a-1": 4.0, "b-1": 0.3}) is None, (
+        "b is asked, but less than a card's share: parting it from a would cost a cold start"
+        " for little"
+    )
     assert plan([ready("a-1")], {"a-1": 4.0}) is None, "one model alone is no pair to part"
 
 
@@ -151,7 +154,7 @@ phases = st.lists(
 @given(phases)
 def test_moves_under_changing_rates_cut_nothing_and_happen_once_a_residency(history):
     with tempfile.TemporaryDirectory() as directory:
-        world = World(Path(directory), nodes=("n1",), gpus=2)
+        world = World(Path(directory), nodes=("n1",), gpus=4)
         try:
             for name in "abc":
                 world.fleet.apply(spec(name=name, gpu_memory="20GB", min_replicas=1, replicas=1))
