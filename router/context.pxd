@@ -32,6 +32,9 @@ cdef class ProxyContext:
     cdef public object tracing
     cdef public long trace_countdown
     cdef public TenantBook tenants
+    cdef public dict share_waiting
+    cdef public bint shares_grow
+    cdef public object on_share_wanted
     cdef public dict slot_waiting
     cdef public Py_ssize_t slot_waiters
     cdef public object resolvers  # router/resolvers.py

@@ -96,6 +96,12 @@ class ProxyContext:
         self.trace_countdown = 0  # requests until the next one sampled (Exchange._sampled)
         # Tenants (router/tenants.py): --api-keys-file's keys are one, with no limits.
         self.tenants = TenantBook()
+        # Waiting for a tenant's share of max_in_flight to grow (a control plane deals the
+        # shares: `shares_grow`): tenant -> its exchanges, in arrival order; () -> tell the
+        # control plane now what this router wants.
+        self.share_waiting: dict[str, deque] = {}
+        self.shares_grow = False
+        self.on_share_wanted: Callable[[], None] | None = None
         if config.api_keys:
             self.tenants.use_keys_file(config.api_keys, self.clock())
         # Waiting for a slot of a saturated model: model -> FairQueue; how many wait in all.
@@ -189,9 +195,44 @@ class ProxyContext:
         return True
 
     def tenants_changed(self, part: dict) -> None:
-        """A routing table's `tenants` part arrived (or none: no tenant is applied)."""
+        """A routing table's `tenants` part arrived (or none: no tenant is applied): shares
+        may have grown for the requests that wait for them."""
         self.tenants.update(part, self.router_id, self.clock())
         self.keys_required = self.tenants.enabled()
+        for name in list(self.share_waiting):
+            self.admit_share_waiters(name)
+
+    # waiting for a tenant's share
+
+    def wait_for_share(self, exchange) -> None:
+        """Hold `exchange` until its tenant's share here admits it (admit_share_waiters) or
+        its deadline passes; the control plane hears at once that this router wants more."""
+        tenant = exchange.tenant
+        queue = self.share_waiting.get(tenant.name)
+        if queue is None:
+            queue = self.share_waiting[tenant.name] = deque()
+        queue.append(exchange)
+        tenant.waiting += 1
+        if self.on_share_wanted is not None:
+            self.on_share_wanted()
+
+    def admit_share_waiters(self, name: str) -> None:
+        """Admit the waiting requests of tenant `name` that its share now lets in, first come
+        first served (called when a table arrives and when one of its requests ends)."""
+        queue = self.share_waiting.get(name)
+        if not queue:
+            return
+        now = self.clock()
+        leased = now < self.tenants.lease_until
+        while queue:
+            exchange = queue[0]
+            if exchange.tenant.take(now, exchange.reserved, leased):
+                break
+            queue.popleft()
+            exchange.tenant.waiting -= 1
+            exchange.share_granted()
+        if not queue:
+            del self.share_waiting[name]
 
     # waiting for a slot of a saturated model
 
@@ -230,6 +271,14 @@ class ProxyContext:
         return queue is not None and queue.size > 0
 
     def unpark(self, exchange) -> None:
+        if exchange.over_share:
+            queue = self.share_waiting.get(exchange.tenant.name)
+            if queue is not None and exchange in queue:
+                queue.remove(exchange)
+                exchange.tenant.waiting -= 1
+                if not queue:
+                    del self.share_waiting[exchange.tenant.name]
+            return
         queue = self.slot_waiting.get(exchange.routed_model)
         tenant = exchange.tenant
         if queue is not None and queue.remove(exchange, tenant.name if tenant else ""):

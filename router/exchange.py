@@ -23,7 +23,14 @@ from router.errors import error_body, sse_error_event
 from router.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
 from router.metrics import OTHER_MODEL
-from router.tenants import BYTES_PER_TOKEN, COMPLETION_TOKENS, PROMPT_TOKENS
+from router.tenants import (
+    BYTES_PER_TOKEN,
+    COMPLETION_TOKENS,
+    LIMIT_NAMES,
+    OVER_IN_FLIGHT,
+    PROMPT_TOKENS,
+    SHARE_WAIT_S,
+)
 from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
 from router.wire import monotonic, number_after
 
@@ -126,6 +133,7 @@ class Exchange(ResponseListener):
         self.tail = b""
         self.events = 0
         self.queued_at = 0.0  # when it began to wait for a slot of a saturated model
+        self.over_share = False  # waiting for its tenant's share here (not yet admitted)
         self.cut = False  # its answer broke off after it began
         # Its span (router/tracing.py) when traces are on and it was sampled; else None.
         self.trace = None if self.ctx.tracing is None else self._sampled(request, request_id)
@@ -263,6 +271,26 @@ class Exchange(ResponseListener):
     def _trace_picked(self, table, slot: int) -> None:
         load, reported, _ = table.load_of(slot)
         self.trace.picked(table.endpoint_id(slot) or "?", load, reported, len(self.tried) + 1)
+
+    def wait_for_share(self) -> None:
+        """Over this router's share of its tenant's max_in_flight while the control plane
+        may grow it: it waits (SHARE_WAIT_S at most, or the park timeout) rather than being
+        refused; only a share that did not grow in that time answers 429."""
+        self.over_share = True
+        self._move(WAITING)
+        self.deadline = self.started + min(SHARE_WAIT_S, self.ctx.config.park_timeout_s)
+        self.ctx.wait_for_share(self)
+
+    def share_granted(self) -> None:
+        """Admitted by its tenant's share (counted in flight): on to a replica."""
+        self.over_share = False
+        self.queued_at = self.started  # its wait is queue time, in usage and metrics
+        self.resume()
+
+    def _refuse_over_share(self) -> None:
+        what = LIMIT_NAMES[OVER_IN_FLIGHT]
+        message = f"Rate limit reached for tenant {self.tenant.name} on {what}; retry in 1s."
+        self._finish(429, error=(message, "rate_limit_exceeded"), extra=b"retry-after: 1\r\n")
 
     def resume(self) -> None:
         """A replica of its model has arrived: pick again."""
@@ -412,7 +440,13 @@ class Exchange(ResponseListener):
         self.stats.finished(status, now - self.started if self.tried else None)
         tenant = self.tenant
         if tenant is not None:
-            self._settle(status)
+            if self.over_share:  # never admitted: refused, or its client left while it waited
+                if status == 429:
+                    tenant.count(self.label, status, 0, 0, True, 0.0)
+            else:
+                self._settle(status)
+                if self.ctx.share_waiting:
+                    self.ctx.admit_share_waiters(tenant.name)  # its slot is free here
             if error and tenant.limited:
                 extra += tenant.limit_headers()
         if self.trace is not None:
@@ -566,6 +600,10 @@ class Exchange(ResponseListener):
 
     def check_deadline(self, now: float) -> None:
         try:
+            if self.over_share:
+                if now >= self.deadline:
+                    self._refuse_over_share()
+                return
             if self.stage is WAITING and now >= self.deadline and self.queued_at:
                 waited = round(self.ctx.config.park_timeout_s)
                 self._finish(

@@ -25,10 +25,9 @@ from router.resolvers import served
 from router.target import Refusal
 from router.tenants import (
     BAD_BOUND,
+    LIMIT_NAMES,
     NO_BOUND,
     OVER_IN_FLIGHT,
-    OVER_REQUESTS,
-    OVER_TOKENS,
     completion_bound,
     tokens_asked,
 )
@@ -37,11 +36,6 @@ from router.wire import RequestReader, monotonic
 JSON = b"application/json"
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4"
 MAX_PIPELINED = 8
-LIMIT_NAMES = {
-    OVER_REQUESTS: "requests per minute",
-    OVER_TOKENS: "tokens per minute",
-    OVER_IN_FLIGHT: "requests in flight",
-}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # A request's reading time starts at the first deadline sweep (once a second) after it began,
 # not with a clock read per request: a slow client is cut within client_timeout_s plus one
@@ -150,6 +144,7 @@ class ClientConnection(ClientSide):
                 )
                 return
             reserved = 0.0
+            refused = 0
             if tenant is not None:
                 if tenant.patterns and not tenant.may_call(routed[0]):
                     # The same answer as a model that does not exist: which exist is not told.
@@ -182,7 +177,7 @@ class ClientConnection(ClientSide):
                         return
                 now = monotonic()
                 refused = tenant.admit(now, reserved, now < ctx.tenants.lease_until)
-                if refused:
+                if refused and not (refused == OVER_IN_FLIGHT and ctx.shares_grow):
                     self.refuse_over_limit(tenant, refused, routed[0], request_id)
                     return
             mode = ctx.affinity_by_model.get(routed[0], ctx.affinity)
@@ -195,7 +190,10 @@ class ClientConnection(ClientSide):
             exchange.begin(self, routed, request, request_id, key, tenant, reserved)
             self.exchange = exchange
             ctx.metrics.in_flight += 1
-            exchange.start()
+            if refused:  # over this router's share, which the control plane may grow
+                exchange.wait_for_share()
+            else:
+                exchange.start()
             return
         self.serve_own_endpoint(path, request.authorization, request_id)
 

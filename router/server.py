@@ -111,6 +111,7 @@ class RouterServer:
         self.demands: set[asyncio.Task] = set()
         self.acks = PromptAcks(self.table)  # router/acks.py: what is reported at once
         self.report_soon = asyncio.Event()
+        self.share_wanted = False  # a request waits for its tenant's share: report now
         self.stopping = asyncio.Event()
         self.started = time.monotonic()
 
@@ -208,6 +209,8 @@ class RouterServer:
             watcher.on_answer = lambda: ctx.tenants.heard(ctx.clock())
             tasks.append(asyncio.create_task(watcher.run()))
             ctx.on_demand = lambda model, waiting: self.ask_for(ctx, model, waiting)
+            ctx.shares_grow = True
+            ctx.on_share_wanted = self.want_share
         try:
             await self.stopping.wait()
         finally:
@@ -265,7 +268,8 @@ class RouterServer:
                 ctx.on_tick()
                 self.acks.due()  # this report carries it
                 self.send_report(ctx)
-            elif not self.reporting() and self.acks.due():
+            elif not self.reporting() and (self.acks.due() or self.share_wanted):
+                self.share_wanted = False
                 self.send_report(ctx, prompt=True)
             pause = ACK_POLL_S if self.acks.watching else period
             try:
@@ -276,6 +280,12 @@ class RouterServer:
             except TimeoutError:
                 pass
             self.report_soon.clear()
+
+    def want_share(self) -> None:
+        """A request waits for its tenant's share here to grow: the control plane hears what
+        this router wants now, not at the next tick."""
+        self.share_wanted = True
+        self.report_soon.set()
 
     def reporting(self) -> bool:
         return self.report_task is not None and not self.report_task.done()

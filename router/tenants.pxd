@@ -52,10 +52,13 @@ cdef class TenantState:
     cdef public bytes tokens_prefix
     cdef public double share_requests, share_tokens, floor_requests, floor_tokens
     cdef public long share_in_flight, floor_in_flight
+    cdef public long waiting
 
     cpdef bint may_call(self, str model) except -1
-    @cython.locals(requests=double, tokens_share=double, most=long)
+    @cython.locals(asking=long)
     cpdef int admit(self, double now, double tokens, bint leased) except -1
+    @cython.locals(requests=double, tokens_share=double, most=long)
+    cpdef int take(self, double now, double tokens, bint leased) except -1
     cpdef double retry_after(self, int refused) except -1
     cpdef void settle(self, double reserved, double used) except *
     @cython.locals(row=UsageRow)

@@ -37,6 +37,15 @@ USAGE_WIDTH = 6  # requests, errors, rate_limited, prompt_tokens, completion_tok
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
 # Why a request was refused, as admit() returns it (0: admitted).
 ADMITTED, OVER_REQUESTS, OVER_TOKENS, OVER_IN_FLIGHT = 0, 1, 2, 3
+LIMIT_NAMES = {
+    OVER_REQUESTS: "requests per minute",
+    OVER_TOKENS: "tokens per minute",
+    OVER_IN_FLIGHT: "requests in flight",
+}
+# A request over this router's share of max_in_flight waits this long at most (or the park
+# timeout, if shorter) for the share to grow: the router reports at once, the control plane
+# answers with a table, a round trip of about a second; past it, the limit is reached.
+SHARE_WAIT_S = 3.0
 
 
 # What a request says it may generate (completion_bound), besides a whole number.
@@ -150,6 +159,7 @@ class TenantState:
         # This router's share of each limit, and the floor it falls to when its lease ends.
         self.share_requests = self.share_tokens = self.floor_requests = self.floor_tokens = 0.0
         self.share_in_flight = self.floor_in_flight = 1
+        self.waiting = 0  # its requests waiting here for this router's share to grow
         self.requests = None  # Buckets, made full at the first share
         self.tokens = None
         self.created = now
@@ -163,6 +173,8 @@ class TenantState:
         self.waits: dict = {}  # model -> [count per WAIT_BUCKETS bucket, +Inf, sum]
 
     def configure(self, rules: dict, share, floor_share: float, routers: int) -> None:
+        """`rules`: the tenant's part of the table (with `strict_in_flight` from a control
+        plane that deals max_in_flight strictly)."""
         self.patterns = tuple(rules.get("models") or ())
         self.allowed = {}
         self.requests_per_minute = float(rules.get("requests_per_minute") or 0)
@@ -186,7 +198,12 @@ class TenantState:
             ]
         self.share_requests, self.share_tokens = given[0], given[1]
         self.floor_requests, self.floor_tokens = floor[0], floor[1]
-        self.floor_in_flight = max(1, int(floor[2]))  # a floor is never below one
+        # A floor of one request per router would grow with routers (16 routers, 16 in
+        # flight, whatever the limit): where the control plane deals shares strictly, a router
+        # it has not named, or whose lease ran out, holds none of max_in_flight, and a request
+        # waits for its share (SHARE_WAIT_S) instead.
+        strict = bool(rules.get("strict_in_flight"))
+        self.floor_in_flight = int(floor[2]) if strict else max(1, int(floor[2]))
         dealt = share is not None and len(share) > 2 and share[2] is not None
         # A share dealt in whole requests may be none: workers of a file's tenant hold its
         # max_in_flight between them, and fewer requests than workers leave some without.
@@ -212,11 +229,17 @@ class TenantState:
         return known
 
     def admit(self, now: float, tokens: float, leased: bool) -> int:
-        """ADMITTED (and counted in flight), or which limit refuses the request."""
+        """ADMITTED (and counted in flight), or which limit refuses the request; counted as
+        asked for, once."""
         self.demand_requests += 1
         self.demand_tokens += tokens
-        if self.in_flight >= self.wanted_in_flight:
-            self.wanted_in_flight = self.in_flight + 1
+        asking = self.in_flight + self.waiting + 1
+        if asking > self.wanted_in_flight:
+            self.wanted_in_flight = asking
+        return self.take(now, tokens, leased)
+
+    def take(self, now: float, tokens: float, leased: bool) -> int:
+        """admit() for a request already counted as asked for (one that waited)."""
         if leased:
             requests, most = self.share_requests, self.share_in_flight
             tokens_share = self.share_tokens
@@ -305,7 +328,7 @@ class TenantState:
         )
 
     def report(self) -> dict:
-        wanted, self.wanted_in_flight = self.wanted_in_flight, self.in_flight
+        wanted, self.wanted_in_flight = self.wanted_in_flight, self.in_flight + self.waiting
         return {
             "demand": [self.demand_requests, self.demand_tokens, wanted],
             "usage": {model: row.as_list() for model, row in self.usage.items()},

@@ -438,3 +438,73 @@ def test_gpu_time_is_charged_to_the_tenants_served_and_idle_time_to_the_owner(fl
     assert shown.exit_code == 0 and "GPU-H" in shown.output and "GPU-hours: fleet" in shown.output
     status_screen = CliRunner().invoke(gpuctl, ["--server", fleet.url, "status"])
     assert "GPU-hours (24h):" in status_screen.output, status_screen.output
+
+
+def _running(engine):
+    text = get(engine + "/metrics")[1].decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
+def _at_once(calls):
+    """Run `calls` at once; their results in order."""
+    results = [None] * len(calls)
+
+    def one(i):
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
+def test_a_fresh_tenants_first_burst_under_its_limit_waits_for_its_share_not_a_429(fleet, procs):
+    router, _ = _slow_chat(fleet, procs, 1.0)
+    tenant(fleet, name="burst", max_in_flight=16)
+    tenant(fleet, name="probe")
+    key, _ = new_key(fleet, "burst")
+    probe, _ = new_key(fleet, "probe")
+    wait_until(served(router, probe), what="both keys to reach the router")
+    statuses = [status for status, _, _ in _at_once([lambda: chat(router, key)] * 4)]
+    assert statuses == [200] * 4, "a router new to the tenant waits for its share"
+
+
+def test_max_in_flight_is_never_exceeded_however_many_routers_ask(fleet, procs):
+    """Three routers, a limit of two: a floor of one each held three at once; the engine's own
+    count of running requests stays at two, and what is over waits or gets a 429."""
+    _slow_chat(fleet, procs, 2.0)
+    engine = next(iter(fleet.ready.values()))["url"]
+    routers = []
+    for name in ("edge-a", "edge-b", "edge-c"):
+        url, _ = procs.router("--control-plane", fleet.url, "--tick", "0.3", "--router-id",
+                              name, "--metrics-token", "metrics-secret")  # fmt: skip
+        routers.append(url)
+    tenant(fleet, name="capped", max_in_flight=2)
+    key, _ = new_key(fleet, "capped")
+    for url in routers:
+        wait_until(served(url, key), what="the key at every router")
+    most = 0
+    stop = threading.Event()
+
+    def watch():
+        nonlocal most
+        while not stop.is_set():
+            most = max(most, _running(engine))
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        results = _at_once([lambda u=url: chat(u, key) for url in routers for _ in range(3)])
+    finally:
+        stop.set()
+        watcher.join()
+    statuses = sorted(status for status, _, _ in results)
+    assert most <= 2, f"{most} running at once on the engine, limit 2"
+    assert set(statuses) <= {200, 429} and statuses.count(200) >= 2, statuses

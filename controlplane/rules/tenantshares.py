@@ -83,7 +83,11 @@ def split_fair(limit: int, wanted: dict[str, float | None]) -> dict[str, int]:
     even part of what is left gets what it wants (at least one); the others (None: wants more
     than it was given) share the rest evenly, the remainder to the first by name."""
     if len(wanted) >= limit:
-        return dict.fromkeys(wanted, 1)
+        # No more than the limit, at any number of routers: a slot each to the `limit` that
+        # want the most (wanting more than they hold first, then by name); the others none,
+        # their requests waiting for a share or answered 429 when none comes.
+        order = sorted(wanted, key=lambda r: (wanted[r] is not None, -(wanted[r] or 0), r))
+        return {router: 1 if i < limit else 0 for i, router in enumerate(order)}
     given: dict[str, int] = {}
     left, open_ = limit, sorted(wanted)
     while open_:
@@ -114,9 +118,9 @@ def grown_into_free_slots(limit: int, fresh: dict, old: dict, reported: dict) ->
     once in its last report, one more than it held when that was more than its share (a
     refusal), else what it held. An increase waits for a later publication where the slots
     are not free yet."""
-    if len(fresh) >= limit:
-        return fresh
-    before = {r: old[r][2] if r in old and old[r][2] is not None else 1 for r in fresh}
+    # A router the last table did not name holds none (routers deal max_in_flight strictly:
+    # router/tenants.py), unless it says otherwise.
+    before = {r: old[r][2] if r in old and old[r][2] is not None else 0 for r in fresh}
     committed = {}
     for router in fresh:
         want = reported.get(router)
@@ -129,10 +133,10 @@ def grown_into_free_slots(limit: int, fresh: dict, old: dict, reported: dict) ->
     given = {}
     for router in sorted(fresh):
         share = fresh[router]
-        if share > before[router]:
-            grown = min(share - before[router], max(free, 0))
+        if share > committed[router]:
+            grown = min(share - committed[router], max(free, 0))
             free -= grown
-            share = before[router] + grown
+            share = committed[router] + grown
         given[router] = share
     return given
 
@@ -377,7 +381,8 @@ class TenantLedger:
                 self.dirty.add(SHARES_ROW + tenant)
             return {}
         same_routers = sorted(old) == routers
-        if same_routers and self.clock - self.published_at.get(tenant, -math.inf) < SHARE_HOLD_S:
+        held = self.clock - self.published_at.get(tenant, -math.inf) < SHARE_HOLD_S
+        if same_routers and held and not self._waiting_for_slots(tenant, old):
             return old
         asked = {r: demands.get(r, [0.0, 0.0]) for r in routers}
         by_requests = split(rpm, {r: asked[r][0] for r in routers}) if rpm else {}
@@ -397,6 +402,16 @@ class TenantLedger:
         self.published_at[tenant] = self.clock
         return rounded
 
+    def _waiting_for_slots(self, tenant: str, old: dict) -> bool:
+        """Whether a router wanted more requests in flight than its share since the last
+        publication: its requests wait for the share (router/tenants.py SHARE_WAIT_S), so
+        the split is not held back."""
+        for router, want in self.wanted.get(tenant, {}).items():
+            share = old.get(router)
+            if share is not None and share[2] is not None and want > share[2]:
+                return True
+        return False
+
     def _split_in_flight(self, tenant: str, limit: int, routers: list[str], old: dict) -> dict:
         """split_fair by what each router wanted since the last publication (else as last
         used): one that wanted more than it was given (it refused a request) wants more."""
@@ -405,7 +420,7 @@ class TenantLedger:
         wanted: dict[str, float | None] = {}
         for router in routers:
             want = since.get(router, used.get(router))
-            given = old[router][2] if router in old and old[router][2] is not None else 1
+            given = old[router][2] if router in old and old[router][2] is not None else 0
             if want is None:  # a router that does not say (older ones): as if it wants more
                 wanted[router] = None
                 continue
@@ -495,6 +510,9 @@ def tenant_table(tenants: dict, keys: dict, ledger: TenantLedger, auth: str = ""
                 "weight": tenant.weight,
                 "priority": tenant.priority,
                 "default_max_tokens": tenant.default_max_tokens,
+                # max_in_flight dealt strictly: a router not named holds none of it, and a
+                # request over a share waits for it to grow (router/tenants.py)
+                "strict_in_flight": True,
                 "shares": ledger.shares(
                     tenant.name,
                     tenant.requests_per_minute,

@@ -6,7 +6,7 @@ the replacement is Ready.
 | the fleet                                   | what happens                              |
 |---------------------------------------------|-------------------------------------------|
 | a card runs hot, a model on it may move      | it is marked moving, and why              |
-| its model waits for room or is being woken   | nothing: that plan goes first             |
+| any model waits for room or to wake          | nothing: memory is wanted there first     |
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ def rebalance(view: FleetView) -> list:
     rates = view.replica_rates()
     if not rates:
         return []
-    busy = set(view.reservations) | set(view.room)
-    specs = {name: spec for name, spec in view.specs.items() if name not in busy}
+    if view.reservations or view.room or view.wanted():
+        return []  # memory is wanted for a model that waits: it goes first
+    specs = view.specs
     move = plan_rebalance(
         list(view.replicas.values()),
         rates,
