@@ -108,7 +108,14 @@ def split_fair(limit: int, wanted: dict[str, float | None]) -> dict[str, int]:
     return given
 
 
-def grown_into_free_slots(limit: int, fresh: dict, old: dict, reported: dict) -> dict[str, int]:
+def grown_into_free_slots(
+    limit: int,
+    fresh: dict,
+    old: dict,
+    reported: dict,
+    unacked: dict | None = None,
+    holding: dict | None = None,
+) -> dict[str, int]:
     """`fresh` shares of max_in_flight, with each increase held to the slots that are free:
     growing one router at once into what another is giving up would let the fleet hold more
     than the limit for as long as that one's streams last.
@@ -117,15 +124,25 @@ def grown_into_free_slots(limit: int, fresh: dict, old: dict, reported: dict) ->
     table reaches it) and what it last reported holding. `reported`: the most it wanted at
     once in its last report, one more than it held when that was more than its share (a
     refusal), else what it held. An increase waits for a later publication where the slots
-    are not free yet."""
+    are not free yet. `unacked`: router -> a larger share an earlier table gave it, which it
+    may still admit up to: the table that lowered it has not reached it yet (its reports
+    have not acknowledged that version). `holding`: router -> its requests in flight, as its
+    last report said (routers that say it)."""
     # A router the last table did not name holds none (routers deal max_in_flight strictly:
     # router/tenants.py), unless it says otherwise.
-    before = {r: old[r][2] if r in old and old[r][2] is not None else 0 for r in fresh}
+    unacked = unacked or {}
+    before = {
+        r: max(old[r][2] if r in old and old[r][2] is not None else 0, unacked.get(r, 0))
+        for r in fresh
+    }
+    holding = holding or {}
     committed = {}
     for router in fresh:
         want = reported.get(router)
         held = before[router]
-        if want is not None:
+        if router in holding:  # it says what it holds (its requests in flight)
+            held = math.ceil(holding[router])
+        elif want is not None:  # an older router: from what it wanted at once
             want = math.ceil(want)
             held = want - 1 if want > before[router] else want
         committed[router] = max(before[router], held)
@@ -202,6 +219,11 @@ class TenantLedger:
         self.wanted_used: dict[str, dict[str, float]] = {}
         self.rate_base: dict[str, tuple[str, float, dict]] = {}  # router -> a rate's start
         self.inherited: set[str] = set()  # tenants whose shares a former leader published
+        # tenant -> router -> (a share of max_in_flight it had, the table version that lowered
+        # it; None until published): held until the router acknowledges that version
+        self.lowered: dict[str, dict[str, tuple[int, int | None]]] = {}
+        self.acked: dict[str, int] = {}  # router -> the route version its last report held
+        self.held: dict[str, dict[str, float]] = {}  # tenant -> router -> in flight, last said
         self.first_report_at = 0.0  # when this ledger took its first report
         self.clock = 0.0  # the newest report's time
 
@@ -225,6 +247,7 @@ class TenantLedger:
             self.first_report_at = now
         self.clock = max(self.clock, now)
         self.last[router] = (incarnation, now, counters)
+        self.acked[router] = body.get("route_version", -1)
         previous = self.rate_base.get(router)
         before, since = {}, None  # no rate from one report, nor over a gap under MIN_RATE_S
         if previous is None or previous[0] != incarnation:
@@ -242,6 +265,8 @@ class TenantLedger:
             if now_counts.get("wanted") is not None:
                 into = self.wanted.setdefault(tenant, {})
                 into[router] = max(into.get(router, 0.0), now_counts.get("wanted"))
+            if now_counts.get("held") is not None:
+                self.held.setdefault(tenant, {})[router] = now_counts["held"]
             was = before.get(tenant, {"demand": [0.0, 0.0], "usage": {}})
             if since is not None and now > since:
                 per_minute = 60.0 / (now - since)
@@ -281,7 +306,9 @@ class TenantLedger:
         for router in [r for r, (_, at, _) in self.last.items() if now - at > ROUTER_GONE_S]:
             del self.last[router]
             self.rate_base.pop(router, None)
-            for by_tenant in (self.demand, self.wanted, self.wanted_used):
+            self.acked.pop(router, None)
+            for by_tenant in (self.demand, self.wanted, self.wanted_used, self.lowered,
+                              self.held):  # fmt: skip
                 for per_router in by_tenant.values():
                     per_router.pop(router, None)
 
@@ -334,7 +361,7 @@ class TenantLedger:
 
     def forget_tenant(self, tenant: str) -> None:
         for by_tenant in (self.demand, self.published, self.published_at, self.wanted,
-                          self.wanted_used):  # fmt: skip
+                          self.wanted_used, self.lowered, self.held):  # fmt: skip
             by_tenant.pop(tenant, None)
         self.inherited.discard(tenant)
         self.dirty.add(SHARES_ROW + tenant)
@@ -426,7 +453,34 @@ class TenantLedger:
                 continue
             used[router] = want
             wanted[router] = None if want > given else want
-        return grown_into_free_slots(limit, split_fair(limit, wanted), old, used)
+        unacked = self._unacked(tenant)
+        holding = self.held.get(tenant, {})
+        given = grown_into_free_slots(
+            limit, split_fair(limit, wanted), old, used, unacked, holding
+        )
+        lowered = self.lowered.setdefault(tenant, {})
+        for router, share in given.items():
+            had = max(old[router][2] if router in old and old[router][2] else 0,
+                      unacked.get(router, 0))  # fmt: skip
+            if share < had:
+                lowered[router] = (had, None)  # its version is known once it is published
+        return given
+
+    def _unacked(self, tenant: str) -> dict[str, int]:
+        """router -> the largest share of `tenant`'s max_in_flight a table gave it before
+        one that lowered it, while it has not acknowledged that table."""
+        lowered = self.lowered.get(tenant, {})
+        for router, (_, version) in list(lowered.items()):
+            if version is not None and self.acked.get(router, -1) >= version:
+                del lowered[router]
+        return {router: share for router, (share, _) in lowered.items()}
+
+    def published_in(self, version: int) -> None:
+        """The shares just dealt went out in routing table `version`."""
+        for lowered in self.lowered.values():
+            for router, (share, at) in lowered.items():
+                if at is None:
+                    lowered[router] = (share, version)
 
 
 def _close(old, new, limit) -> bool:
@@ -468,12 +522,13 @@ def parse_tenants(value) -> dict:
         if (
             not isinstance(tenant, str)
             or not isinstance(demand, list)
-            or len(demand) not in (2, 3)
+            or len(demand) not in (2, 3, 4)
             or not all(_number(v) for v in demand)
             or not isinstance(usage, dict)
         ):
             raise ReportError(
-                "tenants", f"{tenant!r}: expected demand [requests, tokens, in flight wanted]"
+                "tenants",
+                f"{tenant!r}: expected demand [requests, tokens, in flight wanted, in flight]",
             )
         for model, values in usage.items():
             if (
@@ -486,7 +541,8 @@ def parse_tenants(value) -> dict:
                 )
         parsed[tenant] = {
             "demand": [float(demand[0]), float(demand[1])],
-            "wanted": float(demand[2]) if len(demand) == 3 else None,
+            "wanted": float(demand[2]) if len(demand) >= 3 else None,
+            "held": float(demand[3]) if len(demand) == 4 else None,
             "usage": usage,
         }
     return parsed

@@ -119,6 +119,7 @@ class Reconciler:
             resolvers(fleet.specs, fleet.adapters, fleet.replicas),
             sorted(fleet.adapters),
         )
+        fleet.ledger.published_in(self.routes.version)
         self.executor.stamp_withdrawals(self.routes.version)
         # What this tick changed it has acted on; only news from outside wakes it again.
         fleet.changed = False

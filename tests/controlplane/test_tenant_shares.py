@@ -90,9 +90,12 @@ def test_max_in_flight_is_split_max_min_fair_by_the_concurrency_each_router_want
                                                                   "idle": 0}  # fmt: skip
 
 
-def wanting(ledger, router, now, asked, wanted):
-    body = {"router": router, "incarnation": "i1"}
-    ledger.report(body, {"acme": {"demand": [asked, 0.0], "wanted": wanted, "usage": {}}}, now)
+def wanting(ledger, router, now, asked, wanted, version=-1, held=None):
+    """A report: `asked` requests so far, `wanted` at once, `held` in flight (None: an older
+    router's report, which does not say), holding route table `version`."""
+    body = {"router": router, "incarnation": "i1", "route_version": version}
+    counts = {"demand": [asked, 0.0], "wanted": wanted, "held": held, "usage": {}}
+    ledger.report(body, {"acme": counts}, now)
 
 
 def test_a_router_whose_clients_retry_refusals_at_once_does_not_take_the_others_slots():
@@ -153,22 +156,23 @@ def test_a_router_that_took_the_whole_limit_alone_is_not_assumed_drained_when_ot
     """r0 asked first and was given all 32; r1 and r2 ask next, before r0 reports again. Its
     last report (2 wanted, from before its share) must not count as what it holds now."""
     ledger = TenantLedger()
-    wanting(ledger, "r0", 0.0, 1.0, 2)
+    wanting(ledger, "r0", 0.0, 1.0, 2, held=0)
     first = ledger.shares("acme", None, None, 32)
+    ledger.published_in(1)
     assert first["r0"][2] == 32
-    wanting(ledger, "r1", 0.5, 1.0, 2)
-    wanting(ledger, "r2", 0.5, 1.0, 2)
+    wanting(ledger, "r1", 0.5, 1.0, 2, held=0)
+    wanting(ledger, "r2", 0.5, 1.0, 2, held=0)
     shares = ledger.shares("acme", None, None, 32)
-    assert sum(share[2] for share in shares.values()) <= 32 + 2, shares
-    assert shares["r1"][2] == shares["r2"][2] == 1, "no growth into r0's slots yet"
-    wanting(ledger, "r0", 3.0, 100.0, 17)  # r0 now holds 16 (wanted 17)
-    wanting(ledger, "r1", 3.0, 100.0, 2)
-    wanting(ledger, "r2", 3.0, 100.0, 2)
+    ledger.published_in(2)  # the table that lowers r0
+    assert shares["r1"][2] == shares["r2"][2] == 0, "no growth into r0's slots yet"
+    wanting(ledger, "r0", 3.0, 100.0, 17, version=2, held=16)  # r0 has it, holds 16
+    wanting(ledger, "r1", 3.0, 100.0, 2, version=2, held=0)
+    wanting(ledger, "r2", 3.0, 100.0, 2, version=2, held=0)
     later = ledger.shares("acme", None, None, 32)
-    held = {"r0": 16, "r1": 1, "r2": 1}
+    held = {"r0": 16, "r1": 0, "r2": 0}
     grown = {r: later[r][2] for r in later}
     assert sum(max(grown[r], held[r]) for r in grown) <= 32, later
-    assert grown["r1"] > 1, "r1 grows into what r0 is known not to hold"
+    assert grown["r1"] >= 1 and grown["r2"] >= 1, "they grow into what r0 is known not to hold"
 
 
 def test_a_new_leader_publishes_the_shares_it_inherited_until_it_knows_the_rates(make_fleet, clock):
@@ -206,3 +210,31 @@ def test_a_store_with_tenants_from_before_the_auth_setting_opens_closed(make_fle
     reopened.delete_tenant("acme")
     assert reopened.auth_mode == "tenants", "deleting the last tenant opens nothing"
     assert make_fleet()[0].auth_mode == "tenants", "and it is stored"
+
+
+def test_a_share_another_router_gave_up_is_not_dealt_again_until_that_router_has_the_table():
+    """edge-a held 2 of 2 and is lowered to 1; edge-b wants more. Until edge-a acknowledges the
+    table that lowered it, it may still admit up to 2: edge-b gets nothing of that slot."""
+    ledger = TenantLedger()
+
+    def wants(router, now, held, version, waiting=0):
+        wanting(ledger, router, now, 1.0 + now, held + waiting, version, held)
+
+    wants("edge-a", 0.0, 2, 1)
+    assert ledger.shares("acme", None, None, 2)["edge-a"][2] == 2
+    ledger.published_in(2)
+    wants("edge-a", 3.0, 1, 2)  # one of its two ended
+    wants("edge-b", 3.0, 0, 2, waiting=3)  # three wait at edge-b
+    shares = ledger.shares("acme", None, None, 2)
+    ledger.published_in(3)
+    assert shares["edge-a"][2] + shares["edge-b"][2] <= 2
+    wants("edge-a", 6.0, 1, 2)  # edge-a still holds table 2: it may admit a second
+    wants("edge-b", 6.0, 0, 3, waiting=3)
+    later = ledger.shares("acme", None, None, 2)
+    ledger.published_in(4)
+    held_a = max(shares["edge-a"][2], 2)  # what edge-a may hold until it has table 3
+    assert held_a + later["edge-b"][2] <= 2, (shares, later)
+    wants("edge-a", 9.0, 1, 4)  # now it has the table that lowered it
+    wants("edge-b", 9.0, 0, 4, waiting=3)
+    final = ledger.shares("acme", None, None, 2)
+    assert final["edge-a"][2] + final["edge-b"][2] == 2 and final["edge-b"][2] >= 1
