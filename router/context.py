@@ -16,7 +16,7 @@ from router.catalog import ModelCatalog
 from router.fairqueue import FairQueue
 from router.metrics import RouterMetrics, SharedMetrics, merge, render
 from router.resolvers import Resolvers, served
-from router.tenantmetrics import tenant_lines
+from router.tenantmetrics import merge_tenants, tenant_lines, tenant_state
 from router.tenants import TenantBook
 from router.upstream import UpstreamPool
 from router.wire import monotonic, numbered
@@ -139,7 +139,7 @@ class ProxyContext:
         self.refresh_routed_models()
         self.drop_unused_pools()
         if self.shared_metrics is not None:
-            self.shared_metrics.publish(self.metrics)
+            self.shared_metrics.publish(self.metrics_state())
 
     def drop_unused_pools(self) -> None:
         live = {url for model in self.table.models() for _, _, url in self.table.endpoints(model)}
@@ -325,11 +325,16 @@ class ProxyContext:
     def waiting(self) -> dict[str, int]:
         return {model: len(queue) for model, queue in self.parked.items()}
 
+    def metrics_state(self) -> dict:
+        """This process's counters, its tenants' included, as its workers share them."""
+        state = self.metrics.state()
+        state["tenants"] = tenant_state(self.tenants.tenants)
+        return state
+
     def metrics_text(self) -> bytes:
-        if self.shared_metrics is not None:
-            totals = self.shared_metrics.gather(self.metrics)
-        else:
-            totals = merge([self.metrics.state()])
+        state = self.metrics_state()
+        states = [state] if self.shared_metrics is None else self.shared_metrics.gather(state)
+        totals = merge(states)
         table = self.table
         ejected = [
             (model, replica)
@@ -338,7 +343,7 @@ class ProxyContext:
             if table.is_ejected(slot)
         ]
         text = render(totals, table, ejected)
-        text += tenant_lines(self.tenants.tenants)
+        text += tenant_lines(merge_tenants(states, state["tenants"]))
         if self.extra_metrics is not None:
             text += ("\n".join(self.extra_metrics()) + "\n").encode()
         return text

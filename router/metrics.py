@@ -183,20 +183,23 @@ class SharedMetrics:
         self.folder = Path(folder)
         self.path = self.folder / f"worker-{worker}.json"
 
-    def publish(self, metrics: RouterMetrics) -> None:
+    def publish(self, state: dict) -> None:
+        """This worker's counters (once a tick, and at each scrape it answers)."""
         staging = self.path.with_suffix(".tmp")
-        staging.write_bytes(orjson.dumps(metrics.state()))
+        staging.write_bytes(orjson.dumps(state))
         os.replace(staging, self.path)  # readers never see half a file
 
-    def gather(self, metrics: RouterMetrics) -> dict:
-        self.publish(metrics)
+    def gather(self, state: dict) -> list[dict]:
+        """Every worker's state, this one's as it is now: each file only grows, so their
+        sum never goes back between scrapes, whichever worker answers."""
+        self.publish(state)
         states = []
         for path in sorted(self.folder.glob("worker-*.json")):
             try:
                 states.append(orjson.loads(path.read_bytes()))
             except (OSError, orjson.JSONDecodeError):
                 continue  # a worker that is starting or gone
-        return merge(states)
+        return states
 
 
 def labels(**values) -> str:
