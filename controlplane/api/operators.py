@@ -22,7 +22,6 @@ from controlplane.api.plumbing import (
     view,
     wake,
 )
-from controlplane.rules.cost import allocate, tokens_by_minute
 from controlplane.rules.scaling import stop_idle as stop_idle_now
 from controlplane.views.explain import explain
 from controlplane.views.summary import adapter_rows, model_rows, node_rows, replica_rows, summary
@@ -233,12 +232,8 @@ async def metrics(request: web.Request) -> web.Response:
         "adapter_resolved": dict(fleet.adapter_resolved),
         "adapter_unloads": dict(fleet.adapter_unloads),
         "views_built": term(request).views.built,
-        "gpu_seconds_last_hour": allocate(
-            fleet.meter,
-            tokens_by_minute(fleet.ledger.minutes),
-            3600.0,
-            fleet.wall(),
-            fleet.adapter_bases(),
+        "gpu_seconds_last_hour": await fleet.allocations.charged(
+            fleet.meter, fleet.ledger.minutes, fleet.adapter_bases(), 3600.0, fleet.wall()
         ),
     }
     fleet_summary = await view(request, ("summary", None), lambda s: summary(s))

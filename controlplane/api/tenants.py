@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from controlplane.api.plumbing import ApiError, applied, items, json_response, term, wake
-from controlplane.rules.cost import UNALLOCATED, allocate, tokens_by_minute, with_cost
+from controlplane.rules.cost import UNALLOCATED, with_cost
 from controlplane.vocabulary.specs import SpecError, parse_duration
 
 USAGE_SINCE_MOST_S = 24 * 3600.0  # what the ledger keeps
@@ -53,8 +53,8 @@ async def get_usage(request: web.Request) -> web.Response:
         raise ApiError(400, "since: at most 24h is kept", "invalid_request", "since")
     fleet = term(request).fleet
     now = fleet.wall()
-    charged = allocate(
-        fleet.meter, tokens_by_minute(fleet.ledger.minutes), since, now, fleet.adapter_bases()
+    charged = await fleet.allocations.charged(
+        fleet.meter, fleet.ledger.minutes, fleet.adapter_bases(), since, now
     )
     rows = with_cost(fleet.ledger.usage(since, now), charged)
     tenant = request.query.get("tenant")

@@ -113,28 +113,43 @@ def allocate(
     `tokens`: minute start -> {(tenant, model): tokens served}. `bases`: adapter -> its base
     model: an adapter's tokens take their part of its base's GPU time (the engine that served
     them), charged under the adapter's name."""
-    bases = bases or {}
     charged: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for minute, bucket in meter.minutes:
         if minute + 60.0 <= now - since_s:
             continue
-        # engine's model -> (tenant, model asked for) -> tokens
-        served: dict[str, dict[tuple[str, str], float]] = defaultdict(dict)
-        for (tenant, model), n in tokens.get(minute, {}).items():
-            if n > 0:
-                served[bases.get(model, model)][(tenant, model)] = n
-        for model, (gpu_s, gib_s, owner) in bucket.items():
-            if model == FLEET:
-                continue
-            by_asker = served.get(model, {})
-            whole = sum(by_asker.values())
-            if not whole:
-                by_asker, whole = {(owner or UNALLOCATED, model): 1.0}, 1.0
-            for key, n in by_asker.items():
-                into = charged[key]
-                into[0] += gpu_s * n / whole
-                into[1] += gib_s * n / whole
+        add_into(charged, allocate_minute(bucket, tokens.get(minute, {}), bases or {}))
     return dict(charged)
+
+
+def allocate_minute(bucket: dict, served_tokens: dict, bases: dict) -> dict:
+    """One minute's GPU time, (tenant, model) -> [GPU-seconds, GiB-seconds asleep]: each
+    model's by the tokens each tenant had served of it (an adapter's of its base's), else to
+    its owner or UNALLOCATED."""
+    # engine's model -> (tenant, model asked for) -> tokens
+    served: dict[str, dict[tuple[str, str], float]] = defaultdict(dict)
+    for (tenant, model), n in served_tokens.items():
+        if n > 0:
+            served[bases.get(model, model)][(tenant, model)] = n
+    charged: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for model, (gpu_s, gib_s, owner) in bucket.items():
+        if model == FLEET:
+            continue
+        by_asker = served.get(model, {})
+        whole = sum(by_asker.values())
+        if not whole:
+            by_asker, whole = {(owner or UNALLOCATED, model): 1.0}, 1.0
+        for key, n in by_asker.items():
+            into = charged[key]
+            into[0] += gpu_s * n / whole
+            into[1] += gib_s * n / whole
+    return charged
+
+
+def add_into(total: dict, part: dict) -> None:
+    for key, (gpu_s, gib_s) in part.items():
+        into = total[key]
+        into[0] += gpu_s
+        into[1] += gib_s
 
 
 def tokens_by_minute(usage_minutes) -> dict:

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from controlplane.rules.adapters import Adapter, slot_id
+from controlplane.rules.allocations import Allocations
 from controlplane.rules.autoscale import Window
 from controlplane.rules.cost import GpuMeter
 from controlplane.rules.held import fix_started
@@ -141,6 +142,7 @@ class Fleet(Intents, TenantIntents, AgentReports):
         self.ledger.load(self.records.stored)
         self.meter = GpuMeter()
         self.meter.load(self.records.stored)
+        self.allocations = Allocations()  # the meter's GPU time charged, kept per minute
         # "auth": "tenants" once any tenant was applied, kept when the last one goes, so that
         # deleting it never opens the routers; `auth_flag` (gpuctl server --auth) overrides.
         self.settings: dict[str, str] = kept["setting"]

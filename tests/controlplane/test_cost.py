@@ -97,3 +97,34 @@ def test_a_tenant_served_through_an_adapter_is_charged_its_part_of_the_base_s_gp
     assert charged[("a", "chat-sql")][0] == pytest.approx(60.0 * 300 / 400, abs=0.5)
     assert charged[("b", "chat")][0] == pytest.approx(60.0 * 100 / 400, abs=0.5)
     assert not any(tenant == UNALLOCATED for tenant, _ in charged), "nothing left unallocated"
+
+
+def test_a_closed_minute_is_allocated_once_and_a_window_sums_the_same(monkeypatch):
+    import asyncio
+
+    from controlplane.rules import allocations
+
+    specs = {"chat": spec("chat", owner="team-a"), "code": spec("code")}
+    replicas = [replica("c-1", "chat", [0]), replica("d-1", "code", [1])]
+    meter = GpuMeter()
+    for second in range(-2, 600, 2):  # ten minutes of ticks from 6000
+        meter.measure(replicas, specs, NODES, 6000.0 + second)
+    usage = [(6000.0 + 60 * m, {("a", "chat"): [1, 0, 0, 10 * m, 5, 0],
+                                ("b", "code"): [1, 0, 0, 3, m, 0]}) for m in range(10)]  # fmt: skip
+    made = []
+    real = allocations.allocate_minute
+    monkeypatch.setattr(allocations, "allocate_minute",
+                        lambda *args: made.append(1) or real(*args))  # fmt: skip
+    kept = allocations.Allocations()
+    now = 6590.0
+    first = asyncio.run(kept.charged(meter, usage, {}, 3600.0, now))
+    expected = allocate(meter, tokens_by_minute(usage), 3600.0, now)
+    assert first.keys() == expected.keys()
+    for key, (gpu_s, gib_s) in expected.items():
+        assert first[key] == [pytest.approx(gpu_s), pytest.approx(gib_s)]
+    assert len(made) == 10, "each minute once"
+    assert asyncio.run(kept.charged(meter, usage, {}, 3600.0, now + 1)) is first, "a read"
+    asyncio.run(kept.charged(meter, usage, {}, 3600.0, now + 10))
+    assert len(made) == 11, "the nine closed minutes are kept; only the current is made again"
+    asyncio.run(kept.charged(meter, usage, {"chat-sql": "chat"}, 3600.0, now + 20))
+    assert len(made) == 21, "other adapters' bases: every minute split anew"
