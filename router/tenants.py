@@ -330,7 +330,8 @@ class TenantState:
     def report(self) -> dict:
         wanted, self.wanted_in_flight = self.wanted_in_flight, self.in_flight + self.waiting
         return {
-            "demand": [self.demand_requests, self.demand_tokens, wanted, self.in_flight],
+            "demand": [self.demand_requests, self.demand_tokens, wanted],
+            "in_flight": self.in_flight,
             "usage": {model: row.as_list() for model, row in self.usage.items()},
         }
 

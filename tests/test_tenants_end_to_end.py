@@ -293,6 +293,8 @@ def test_a_bad_tenants_report_is_refused_whole(fleet):
         ({"a": {"demand": [-1, 0]}}, "tenants"),
         ({"a": {"demand": [1, "many"]}}, "tenants"),
         ({"a": {"demand": [1, 0], "usage": {"m": [1, 2]}}}, "tenants"),
+        ({"a": {"demand": [1, 0, 2], "in_flight": "many", "usage": {}}}, "tenants"),
+        ({"a": {"demand": [1, 0, 2, 1], "usage": {}}}, "tenants"),
         ([], "tenants"),
     ):
         status, answer = call("POST", fleet.url + "/v1/activity", {**good, "tenants": tenants})

@@ -511,8 +511,10 @@ def _number(value) -> bool:
 
 
 def parse_tenants(value) -> dict:
-    """A report's `tenants`: {tenant: {"demand": [requests, tokens], "usage": {model:
-    [USAGE_FIELDS]}}}, all counters since the router started; ReportError otherwise."""
+    """A report's `tenants`: {tenant: {"demand": [requests, tokens, in flight wanted],
+    "in_flight": requests it holds now, "usage": {model: [USAGE_FIELDS]}}}, counters since
+    the router started; ReportError otherwise. `in_flight` is a field of its own, not a
+    fourth demand: a control plane of the version before refuses a demand of four whole."""
     if not isinstance(value, dict):
         raise ReportError("tenants", "expected {tenant: {demand, usage}}")
     parsed = {}
@@ -522,13 +524,15 @@ def parse_tenants(value) -> dict:
         if (
             not isinstance(tenant, str)
             or not isinstance(demand, list)
-            or len(demand) not in (2, 3, 4)
+            or len(demand) not in (2, 3)
+            or not (entry.get("in_flight") is None or _number(entry.get("in_flight")))
             or not all(_number(v) for v in demand)
             or not isinstance(usage, dict)
         ):
             raise ReportError(
                 "tenants",
-                f"{tenant!r}: expected demand [requests, tokens, in flight wanted, in flight]",
+                f"{tenant!r}: expected demand [requests, tokens, in flight wanted] and in_flight"
+                " a number",
             )
         for model, values in usage.items():
             if (
@@ -541,8 +545,8 @@ def parse_tenants(value) -> dict:
                 )
         parsed[tenant] = {
             "demand": [float(demand[0]), float(demand[1])],
-            "wanted": float(demand[2]) if len(demand) >= 3 else None,
-            "held": float(demand[3]) if len(demand) == 4 else None,
+            "wanted": float(demand[2]) if len(demand) == 3 else None,
+            "held": None if entry.get("in_flight") is None else float(entry["in_flight"]),
             "usage": usage,
         }
     return parsed
