@@ -87,6 +87,14 @@ from controlplane.vocabulary.specs import parse_duration
     "long as the routers' --park-timeout), then they are given up.",
 )
 @click.option(
+    "--rebalance/--no-rebalance",
+    default=False,
+    show_default=True,
+    help="Move the quieter of two hot models sharing a card to a card with room and no sleepers"
+    " (a cold start there, then a drain here). Off by default: on the packing bench every move"
+    " measured cost more than the sharing it ended (docs/operations.md).",
+)
+@click.option(
     "--metrics-token",
     default=None,
     envvar="GPUFLEET_METRICS_TOKEN",
@@ -122,6 +130,7 @@ def server(
     router_live,
     min_residency,
     room_timeout,
+    rebalance,
     metrics_token,
     auth,
     tls_cert,
@@ -179,6 +188,7 @@ def server(
         router_live_s=router_live,
         min_residency_s=residency_s,
         room_timeout_s=room_timeout_s,
+        rebalance=rebalance,
         metrics_token=metrics_token,
         auth=auth,
         tls=tls,

@@ -48,6 +48,7 @@ class Settings:
     router_live_s: float = 10.0
     min_residency_s: float = 120.0
     room_timeout_s: float = 600.0
+    rebalance: bool = False  # hot cards hand on a hot model (controlplane/rules/rebalance.py)
     metrics_token: str | None = None
     tls: object = None
     advertise: str | None = None  # the URL standbys send callers to; default: the listener's
@@ -85,6 +86,7 @@ def begin_term(store, settings: Settings, epoch: int = 0, clock_offset_s: float 
         min_residency_s=settings.min_residency_s,
         room_timeout_s=settings.room_timeout_s,
         autoscale_every_s=settings.tick_s,
+        rebalance=settings.rebalance,
     )
     reconciler.tracing = settings.tracing
     try:

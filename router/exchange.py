@@ -284,7 +284,6 @@ class Exchange(ResponseListener):
     def share_granted(self) -> None:
         """Admitted by its tenant's share (counted in flight): on to a replica."""
         self.over_share = False
-        self.queued_at = self.started  # its wait is queue time, in usage and metrics
         self.resume()
 
     def _refuse_over_share(self) -> None:

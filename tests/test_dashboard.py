@@ -10,7 +10,7 @@ from controlplane.views.summary import model_rows, summary
 from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
 from router import fastpath_py
 from router.metrics import RouterMetrics, merge, render
-from router.tenantmetrics import tenant_lines
+from router.tenantmetrics import merge_tenants, tenant_lines, tenant_state
 from router.tenants import TenantState
 
 DASHBOARD = Path(__file__).parent.parent / "docs" / "grafana-dashboard.json"
@@ -38,7 +38,8 @@ def exported_names() -> set[str]:
     tenant = TenantState("t", 0.0)
     tenant.configure({"requests_per_minute": 60}, None, 0.02, 1)
     tenant.count("m", 200, 1, 1, False, 0.5)
-    text += tenant_lines({"t": tenant}).decode()
+    states = [{"tenants": tenant_state({"t": tenant})}]
+    text += tenant_lines(merge_tenants(states, {"t"})).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
 
 

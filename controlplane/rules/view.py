@@ -33,6 +33,9 @@ class TickSettings:
     room_timeout_s: float = 600.0
     heartbeat_s: float = 2.0  # a small fleet's heartbeat period; a large one's is longer
     max_heartbeats_per_s: float = 500.0
+    # Hot cards hand on a hot model (rules/rebalance.py): off unless asked for, since on the
+    # packing bench every move measured cost more than the sharing it ended.
+    rebalance: bool = False
 
     @property
     def pacing(self) -> HeartbeatPacing:

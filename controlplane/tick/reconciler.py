@@ -34,6 +34,7 @@ class Reconciler:
         room_timeout_s: float = 600.0,
         heartbeat_s: float = 2.0,
         max_heartbeats_per_s: float = 500.0,
+        rebalance: bool = False,
     ) -> None:
         self.fleet = fleet
         self.routes = routes or RouteTable()
@@ -44,6 +45,7 @@ class Reconciler:
             room_timeout_s=room_timeout_s,
             heartbeat_s=heartbeat_s,
             max_heartbeats_per_s=max_heartbeats_per_s,
+            rebalance=rebalance,
         )
         # Autoscaling decides once a period, not at every tick a heartbeat wakes: "at most
         # doubling a tick" must not double again on the same reports.

@@ -85,7 +85,8 @@ class SimRouter:
 
 
 class World:
-    def __init__(self, directory: Path, nodes=NODES, gpus: int = 2) -> None:
+    def __init__(self, directory: Path, nodes=NODES, gpus: int = 2, rebalance=True) -> None:
+        self.rebalance = rebalance  # on here, so that random histories move models too
         self.path = directory / "state.sqlite"
         self.clock = Clock()
         self.stores = []
@@ -103,7 +104,9 @@ class World:
         self.stores.append(store)
         idle = IdleTracker(live_window_s=LEASE_S, clock=self.clock)
         self.fleet = Fleet(store, idle, clock=self.clock, wall=self.clock)
-        self.reconciler = Reconciler(self.fleet, node_timeout_s=15, min_residency_s=5)
+        self.reconciler = Reconciler(
+            self.fleet, node_timeout_s=15, min_residency_s=5, rebalance=self.rebalance
+        )
 
     def close(self) -> None:
         for store in self.stores:

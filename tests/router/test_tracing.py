@@ -146,10 +146,14 @@ def test_the_control_plane_traces_its_decisions_and_changes(procs, tmp_path, rec
     assert call("POST", url + "/v1/models", {"name": "bad"})[0] == 400
     for _ in range(3):
         call("POST", url + "/v1/nodes/n1/heartbeat", {})
-    wait_until(
-        lambda: any(s["name"].startswith("tick ") for s in receiver.of("gpuctl-server")),
-        what="a tick step's span",
-    )
+    def arrived():  # spans come in batches of their own: wait for each kind asked about
+        spans = receiver.of("gpuctl-server")
+        names = {(s["name"], s["attributes"].get("http.response.status_code")) for s in spans}
+        return any(s["name"].startswith("tick ") for s in spans) and (
+            ("POST /v1/models", 400) in names
+        )
+
+    wait_until(arrived, what="a tick step's span and the refused change's")
     spans = receiver.of("gpuctl-server")
     changes = {(s["name"], s["attributes"]["http.response.status_code"]) for s in spans
                if not s["name"].startswith("tick ")}  # fmt: skip

@@ -5,6 +5,7 @@ the replacement is Ready.
 
 | the fleet                                   | what happens                              |
 |---------------------------------------------|-------------------------------------------|
+| `gpuctl server` without --rebalance          | nothing (the default: see TickSettings)   |
 | a card runs hot, a model on it may move      | it is marked moving, and why              |
 | any model waits for room or to wake          | nothing: memory is wanted there first     |
 """
@@ -18,6 +19,8 @@ from controlplane.vocabulary.actions import SetMoving
 
 
 def rebalance(view: FleetView) -> list:
+    if not view.settings.rebalance:
+        return []  # gpuctl server --rebalance
     rates = view.replica_rates()
     if not rates:
         return []
