@@ -57,8 +57,9 @@ cdef class TenantState:
     cpdef bint may_call(self, str model) except -1
     @cython.locals(asking=long)
     cpdef int admit(self, double now, double tokens, bint leased) except -1
-    @cython.locals(requests=double, tokens_share=double, most=long)
     cpdef int take(self, double now, double tokens, bint leased) except -1
+    @cython.locals(requests=double, tokens_share=double, most=long)
+    cdef int _take(self, double now, double tokens, bint leased) except -1
     cpdef double retry_after(self, int refused) except -1
     cpdef void settle(self, double reserved, double used) except *
     @cython.locals(row=UsageRow)
