@@ -46,6 +46,10 @@ class Allocations:
         answer = await asyncio.to_thread(self._sum, closed, fresh, dict(bases))
         for minute in [m for m in list(self.closed) if m < current - 24 * 3600.0]:
             del self.closed[minute]
+        # Answers past their time go: a caller choosing a new `since` each time must not
+        # grow the leader's memory.
+        self.answers = {s: kept for s, kept in self.answers.items()
+                        if 0 <= now - kept[0] < ANSWER_KEPT_S}  # fmt: skip
         self.answers[since_s] = (now, answer)
         return answer
 

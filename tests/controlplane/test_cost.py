@@ -128,3 +128,7 @@ def test_a_closed_minute_is_allocated_once_and_a_window_sums_the_same(monkeypatc
     assert len(made) == 11, "the nine closed minutes are kept; only the current is made again"
     asyncio.run(kept.charged(meter, usage, {"chat-sql": "chat"}, 3600.0, now + 20))
     assert len(made) == 21, "other adapters' bases: every minute split anew"
+    for since in range(60, 6060, 60):  # a caller asking a new window each time
+        asyncio.run(kept.charged(meter, usage, {"chat-sql": "chat"}, float(since), now + 30))
+    asyncio.run(kept.charged(meter, usage, {"chat-sql": "chat"}, 3600.0, now + 40))
+    assert len(kept.answers) == 1, "answers past their time are not kept"
