@@ -161,6 +161,8 @@ class Settings:
     # Requests with lengths and models with speeds and wakes by their size (Size); False:
     # every request alike (`service_s`, `engine_ttft_s`) and every wake `wake_s`.
     sized: bool = True
+    # gpuctl server --rebalance (controlplane/rules/rebalance.py): off, as it is by default.
+    rebalance: bool = False
 
     def timing(self) -> Timing:
         return Timing(
@@ -365,7 +367,7 @@ def run(
 
 
 def _play(policy, arrivals, s: Settings, fleet, events, bodies, warm, cards, prepare) -> Result:
-    reconciler = Reconciler(fleet, min_residency_s=s.residency_s)
+    reconciler = Reconciler(fleet, min_residency_s=s.residency_s, rebalance=s.rebalance)
     nodes = []
     for n in range(math.ceil(cards / 8)):
         name = f"node-{n}"
@@ -543,13 +545,20 @@ def sweep(s: Settings, seeds):
             )
 
 
+def _yes(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"{text!r}: true or false")
+    return text.lower() in ("true", "1", "yes")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = Settings()
     for f in fields(Settings):
         if f.name not in ("cv", "seed"):
             value = getattr(defaults, f.name)
-            parser.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=value)
+            kind = _yes if isinstance(value, bool) else type(value)  # bool("false") is True
+            parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=value)
     parser.add_argument("--cv", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[7, 8, 9])
     parser.add_argument("--sweep", action="store_true", help="the wake and cold-start table")
