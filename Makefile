@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 
 # The compiled router modules: their .py (and .pxd) sources; an extension older than its source
 # would shadow it, so every target that runs code builds them first.
-COMPILED_SOURCES := $(wildcard router/*.pyx router/*.pxd) \
-  $(wildcard $(patsubst %.pxd,%.py,$(wildcard router/*.pxd)))
+COMPILED_SOURCES := $(wildcard router/*/*.pyx router/*/*.pxd) \
+  $(wildcard $(patsubst %.pxd,%.py,$(wildcard router/*/*.pxd)))
 BUILT := $(VENV)/.compiled
 
 $(STAMP): pyproject.toml setup.py

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from router.compiled import COMPILED_MODULES  # noqa: E402
 
-# llhttp, the C parser the request reader (router/_wire.pyx) is built on, from the source
+# llhttp, the C parser the request reader (router/protocol/_wire.pyx) is built on, from the source
 # distribution of httptools, which carries it: the same parser the rest of the router uses
 # through httptools, pinned by version and checksum.
 LLHTTP_CARRIER = "httptools==0.9.0"
@@ -64,18 +64,22 @@ llhttp = fetch_llhttp()
 # The extension carries llhttp's code, so the package carries its licence (MIT).
 (ROOT / "router" / "LICENSE-llhttp").write_bytes((llhttp / "LICENSE-MIT").read_bytes())
 extensions = [
-    Extension("router._fastpath", ["router/_fastpath.pyx"], extra_compile_args=flags),
-    Extension("router._bodyscan", ["router/_bodyscan.pyx"], extra_compile_args=flags),
+    Extension("router.path._fastpath", ["router/path/_fastpath.pyx"], extra_compile_args=flags),
     Extension(
-        "router._wire",
-        ["router/_wire.pyx", *sorted(str(c) for c in (llhttp / "src").glob("*.c"))],
+        "router.protocol._bodyscan",
+        ["router/protocol/_bodyscan.pyx"],
+        extra_compile_args=flags,
+    ),
+    Extension(
+        "router.protocol._wire",
+        ["router/protocol/_wire.pyx", *sorted(str(c) for c in (llhttp / "src").glob("*.c"))],
         include_dirs=[str(llhttp / "include")],
         # llhttp's symbols stay inside this extension: httptools carries its own copy.
         extra_compile_args=[*flags, "-fvisibility=hidden"],
     ),
     Extension(
-        "router._loadread",
-        ["router/_loadread.pyx", *sorted(str(c) for c in (llhttp / "src").glob("*.c"))],
+        "router.load._loadread",
+        ["router/load/_loadread.pyx", *sorted(str(c) for c in (llhttp / "src").glob("*.c"))],
         include_dirs=[str(llhttp / "include")],
         extra_compile_args=[*flags, "-fvisibility=hidden"],
     ),

@@ -70,7 +70,7 @@ def base_body(s: Settings, max_adapters: int = 0, resolver: bool = False) -> dic
 
 
 class ResolverEngines:
-    """Engines with a LoRA resolver and the router that uses them (router/resolvers.py): a
+    """Engines with a LoRA resolver and the router that uses them (router/control/resolvers.py): a
     request for an adapter goes to a holder with a free slot, else to the least-loaded of its
     resolvers (whose engine loads it first), else to the least-loaded holder, else waits for
     the control plane as before."""
@@ -99,9 +99,9 @@ class ResolverEngines:
             start(engine, request, extra_s)
 
         def arrive_here(request: Request) -> None:
-            holders = router.routes.get(request.model) or []
+            holders = router.control.routes.get(request.model) or []
             free = [e for e in holders if self.free(e)]
-            resolvers = router.resolvers.get(request.model) or []
+            resolvers = router.control.resolvers.get(request.model) or []
             if free:
                 self.send(request, free)
             elif resolvers:

@@ -28,7 +28,7 @@ def load_run(compiled: bool):
     """`run` of bench.proxy_inprocess over the compiled router modules or over their source."""
     run = paired_inprocess.load_run(HERE, interpreted=not compiled)
     from router import compiled as switch
-    from router import fastpath, front
+    from router.path import fastpath, front
 
     if switch.is_compiled(front) != compiled or fastpath.USING_EXTENSION != compiled:
         raise RuntimeError(

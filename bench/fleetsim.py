@@ -45,7 +45,7 @@ from controlplane.server import PACED_TICK_S
 from controlplane.server import Settings as ServerSettings
 from controlplane.state.orders import digest
 from controlplane.state.routetable import resolver_endpoints
-from router.context import ProxyConfig
+from router.path.context import ProxyConfig
 from router.server import RouterSettings
 
 # One place for the defaults: the processes' own settings, not figures of this bench's choosing.

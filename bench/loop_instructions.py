@@ -17,7 +17,7 @@ from bench.instructions import HERE, callgrind
 
 PROGRAM = """
 import sys
-from router import _fastpath
+from router.path import _fastpath
 table = _fastpath.EndpointTable()
 table.update({"model-0": [(f"m0-r{r}", f"http://127.0.0.1:{9000 + r}") for r in range(4)]})
 (model,) = list(table.models())

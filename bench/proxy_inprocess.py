@@ -18,10 +18,10 @@ import pstats
 import sys
 import time
 
-from router.context import ProxyConfig, ProxyContext
-from router.fastpath import EndpointTable
-from router.front import ClientConnection
-from router.upstream import UpstreamConnection
+from router.path.context import ProxyConfig, ProxyContext
+from router.path.fastpath import EndpointTable
+from router.path.front import ClientConnection
+from router.path.upstream import UpstreamConnection
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 4}'
 REQUEST = (

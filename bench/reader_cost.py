@@ -8,7 +8,7 @@ at `--load-interval` and off, no requests meanwhile; the difference is the reade
         [--histograms 40]
 
 Idle engines (the default) come back the same each read, so after three reads they are read
-every fourth round (router/engineload.py); `--busy` moves every engine's queue between reads,
+every fourth round (router/load/engineload.py); `--busy` moves every engine's queue between reads,
 so every one is read every round: the reader's cost when nothing is quiet.
 """
 

@@ -9,7 +9,7 @@ import pytest
 from bench import loop_instructions
 from bench.figures import record
 from bench.timing import paired
-from router import _fastpath, fastpath_py
+from router.path import _fastpath, fastpath_py
 
 LOOPS = 10_000
 # The floor gates count instructions (bench.loop_instructions): acquire+release measured 1.40x
@@ -153,7 +153,7 @@ def test_keyed_acquire_stays_close_to_the_call_floor(benchmark, loop_counts):
     # same calls with the same arguments doing nothing.
     table = table_with(_fastpath, 1)
     (model,) = (name for name in table.models())
-    key = 0x6B43A9B5  # the router's keys are CRC-32s (router/affinity.py)
+    key = 0x6B43A9B5  # the router's keys are CRC-32s (router/path/affinity.py)
 
     def work(acquire=table.acquire, release=table.release, model=model, key=key):
         for _ in range(LOOPS):

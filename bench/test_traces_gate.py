@@ -3,8 +3,8 @@ same router without, both at once on one CPU with the load taking turns (bench/c
 --traces --paired); gated on the median of eleven rounds of fresh processes, each of forty
 turns (>= 0.97x).
 
-What it took (router/tracing.py): an unsampled request looks at the `traceparent` its reader
-kept by name, where a search of its header lines had cost 1-1.5% by itself; a sampled one
+What it took (router/telemetry/tracing.py): an unsampled request looks at the `traceparent` its
+reader kept by name, where a search of its header lines had cost 1-1.5% by itself; a sampled one
 records its events as tuples, and the export thread writes OTLP/JSON from templates on a
 connection it keeps. Before, the median measured 0.959-0.976.
 """

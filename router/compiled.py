@@ -18,15 +18,15 @@ import sys
 from pathlib import Path
 
 COMPILED_MODULES = (
-    "router.metrics",
-    "router.sink",
-    "router.target",
-    "router.affinity",
-    "router.tenants",
-    "router.upstream",
-    "router.context",
-    "router.exchange",
-    "router.front",
+    "router.telemetry.metrics",
+    "router.protocol.sink",
+    "router.path.target",
+    "router.path.affinity",
+    "router.tenancy.tenants",
+    "router.path.upstream",
+    "router.path.context",
+    "router.path.exchange",
+    "router.path.front",
 )
 HERE = Path(__file__).resolve().parent
 
@@ -41,7 +41,7 @@ class SourceOnly(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in COMPILED_MODULES:
             return None
-        source = HERE / (fullname.rpartition(".")[2] + ".py")
+        source = HERE.parent / (fullname.replace(".", "/") + ".py")
         return importlib.util.spec_from_file_location(fullname, source)
 
 

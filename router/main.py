@@ -13,12 +13,12 @@ from urllib.parse import urlsplit
 import click
 import yaml
 
-from router.context import ProxyConfig
-from router.leader import ControlPlanes
+from router.control.leader import ControlPlanes
+from router.control.routes import static_config
 from router.listen import parse_listen
-from router.routes import static_config
+from router.path.context import ProxyConfig
 from router.server import RouterServer, RouterSettings
-from router.tenantsfile import read_tenants_file
+from router.tenancy.tenantsfile import read_tenants_file
 
 
 def read_token(path: str | None) -> str | None:

@@ -15,18 +15,18 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from router.acks import PromptAcks
-from router.activity import ActivityReporter
-from router.catalog import ModelCatalog
-from router.context import ProxyConfig, ProxyContext
-from router.engineload import LoadReader
-from router.fastpath import EndpointTable
-from router.front import ClientConnection
-from router.leader import ControlPlanes
-from router.metrics import SharedMetrics
-from router.routes import RouteWatcher
+from router.control.acks import PromptAcks
+from router.control.activity import ActivityReporter
+from router.control.catalog import ModelCatalog
+from router.control.leader import ControlPlanes
+from router.control.routes import RouteWatcher
+from router.load.engineload import LoadReader
+from router.path.context import ProxyConfig, ProxyContext
+from router.path.fastpath import EndpointTable
+from router.path.front import ClientConnection
 from router.sdnotify import notify
-from router.tenantsfile import read_tenants_file
+from router.telemetry.metrics import SharedMetrics
+from router.tenancy.tenantsfile import read_tenants_file
 
 WAKE_IDS = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")  # a trace's and a span's ids, in hex
 log = logging.getLogger("gpurouter")
@@ -70,9 +70,10 @@ class RouterSettings:
     metrics_folder: str | None = None  # with several workers: where they pool their counters
     worker: int = 0
     workers: int = 1  # processes sharing the port
-    otlp_endpoint: str | None = None  # traces (router/tracing.py); None: off
+    otlp_endpoint: str | None = None  # traces (router/telemetry/tracing.py); None: off
     trace_sample: float = 0.01
-    tenants_file: str | None = None  # tenants without a control plane (router/tenantsfile.py)
+    # tenants without a control plane (router/tenancy/tenantsfile.py)
+    tenants_file: str | None = None
     catalog_every_s: float = 10.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
@@ -109,7 +110,7 @@ class RouterServer:
         self.reporter: ActivityReporter | None = None
         self.report_task: asyncio.Task | None = None  # the tick's report, held until it ends
         self.demands: set[asyncio.Task] = set()
-        self.acks = PromptAcks(self.table)  # router/acks.py: what is reported at once
+        self.acks = PromptAcks(self.table)  # router/control/acks.py: what is reported at once
         self.report_soon = asyncio.Event()
         self.share_wanted = False  # a request waits for its tenant's share: report now
         self.stopping = asyncio.Event()
@@ -133,7 +134,7 @@ class RouterServer:
         )
         ctx.affinity_by_model = dict(settings.static_affinity)
         if settings.otlp_endpoint:
-            from router.tracing import Tracing
+            from router.telemetry.tracing import Tracing
 
             ctx.tracing = Tracing(settings.otlp_endpoint, settings.trace_sample)
         if settings.tenants_file:
@@ -254,7 +255,7 @@ class RouterServer:
     async def tick(self, ctx: ProxyContext) -> None:
         """Sweeps deadlines and reports activity once a tick; reports at once, between ticks,
         a new route version and the end of the last request on a replica that left the table
-        (router/acks.py)."""
+        (router/control/acks.py)."""
         loop = asyncio.get_running_loop()
         period = min(1.0, self.settings.tick_s)
         next_report = next_sweep = loop.time()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from router import _fastpath, fastpath_py
+from router.path import _fastpath, fastpath_py
 
 IMPLEMENTATIONS = {"cython": _fastpath, "python": fastpath_py}
 

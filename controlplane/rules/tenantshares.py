@@ -129,7 +129,7 @@ def grown_into_free_slots(
     have not acknowledged that version). `holding`: router -> its requests in flight, as its
     last report said (routers that say it)."""
     # A router the last table did not name holds none (routers deal max_in_flight strictly:
-    # router/tenants.py), unless it says otherwise.
+    # router/tenancy/tenants.py), unless it says otherwise.
     unacked = unacked or {}
     before = {
         r: max(old[r][2] if r in old and old[r][2] is not None else 0, unacked.get(r, 0))
@@ -431,7 +431,7 @@ class TenantLedger:
 
     def _waiting_for_slots(self, tenant: str, old: dict) -> bool:
         """Whether a router wanted more requests in flight than its share since the last
-        publication: its requests wait for the share (router/tenants.py SHARE_WAIT_S), so
+        publication: its requests wait for the share (router/tenancy/tenants.py SHARE_WAIT_S), so
         the split is not held back."""
         for router, want in self.wanted.get(tenant, {}).items():
             share = old.get(router)
@@ -571,7 +571,7 @@ def tenant_table(tenants: dict, keys: dict, ledger: TenantLedger, auth: str = ""
                 "priority": tenant.priority,
                 "default_max_tokens": tenant.default_max_tokens,
                 # max_in_flight dealt strictly: a router not named holds none of it, and a
-                # request over a share waits for it to grow (router/tenants.py)
+                # request over a share waits for it to grow (router/tenancy/tenants.py)
                 "strict_in_flight": True,
                 "shares": ledger.shares(
                     tenant.name,

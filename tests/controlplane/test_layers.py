@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import layers
+
 PACKAGE = Path(__file__).resolve().parents[2] / "controlplane"
 
 # From the bottom up; a module may import its own layer and those listed before it.
@@ -19,57 +21,14 @@ LAYERS = ["vocabulary", "rules", "state", "views", "tick", "api", "server"]
 AGENT_MAY_IMPORT = {"vocabulary", "agent"}
 
 
-def layer_of(module: str) -> str:
-    """'controlplane.rules.room' -> 'rules'; 'controlplane.server' -> 'server'."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
-
-
-def module_name(path: Path, root: Path = PACKAGE) -> str:
-    relative = path.relative_to(root.parent).with_suffix("")
-    parts = list(relative.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def imported(path: Path, root: Path = PACKAGE) -> set[str]:
-    """Every controlplane module or package that `path` imports, absolute or relative."""
-    module = module_name(path, root)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target == "controlplane":  # `from controlplane import rules`
-                found.update(f"controlplane.{alias.name}" for alias in node.names)
-            else:
-                found.add(target)
-    return {name for name in found if name.startswith("controlplane.")}
+def may_import(own: str, theirs: str) -> bool:
+    if own == "agent":
+        return theirs in AGENT_MAY_IMPORT
+    return theirs in LAYERS and LAYERS.index(theirs) <= LAYERS.index(own)
 
 
 def upward_imports(root: Path = PACKAGE) -> list[str]:
-    wrong = []
-    for path in sorted(root.rglob("*.py")):
-        module = module_name(path, root)
-        own = layer_of(module)
-        if module == "controlplane":
-            continue
-        for target in sorted(imported(path, root)):
-            theirs = layer_of(target)
-            if own == "agent":
-                allowed = theirs in AGENT_MAY_IMPORT
-            else:
-                allowed = theirs in LAYERS and LAYERS.index(theirs) <= LAYERS.index(own)
-            if not allowed:
-                wrong.append(f"{module} ({own}) imports {target} ({theirs})")
-    return wrong
+    return layers.upward_imports(root, may_import)
 
 
 def test_every_module_sits_in_a_layer():

@@ -2,7 +2,7 @@
 grow with the routers that never did, and max_in_flight is split like the rates."""
 
 from controlplane.rules.tenantshares import TenantLedger
-from router.tenants import ADMITTED, OVER_IN_FLIGHT, TenantState
+from router.tenancy.tenants import ADMITTED, OVER_IN_FLIGHT, TenantState
 
 
 def report(ledger, router, now, asked=0.0, tokens=0.0, tenant="acme"):

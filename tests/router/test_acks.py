@@ -1,7 +1,7 @@
 """When a router reports between ticks: a new route version, and the end of the last
-request on a replica that left its table (router/acks.py), over both tables."""
+request on a replica that left its table (router/control/acks.py), over both tables."""
 
-from router.acks import PromptAcks
+from router.control.acks import PromptAcks
 
 BOTH = {"m": [("r1", "http://127.0.0.1:1"), ("r2", "http://127.0.0.1:2")]}
 ONE = {"m": [("r1", "http://127.0.0.1:1")]}

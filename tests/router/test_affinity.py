@@ -6,7 +6,7 @@ import zlib
 import pytest
 
 from bench.affinity import Result, clear_caches, conversations, run_workload
-from router.affinity import OFF, PREFIX, SESSION, affinity_key, prompt_prefix
+from router.path.affinity import OFF, PREFIX, SESSION, affinity_key, prompt_prefix
 from tests.harness import get, post
 
 

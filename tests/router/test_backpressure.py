@@ -2,7 +2,7 @@
 ends while it is paused must not leave the connection paused in its pool, or the next request
 sent on it waits for an answer nobody reads until the idle deadline cuts it."""
 
-from router.upstream import ResponseListener, UpstreamConnection, UpstreamPool
+from router.path.upstream import ResponseListener, UpstreamConnection, UpstreamPool
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 

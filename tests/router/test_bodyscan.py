@@ -9,10 +9,11 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from router._bodyscan import scan_body
+from router.protocol._bodyscan import scan_body
 
-from router import affinity, bodyscan
-from router.affinity import PREFIX, SESSION
+from router.path import affinity
+from router.path.affinity import PREFIX, SESSION
+from router.protocol import bodyscan
 
 COMPLETION = b'{"model": "m", "prompt": "hi", "max_tokens": 4}'
 CHAT = json.dumps(

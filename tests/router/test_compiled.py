@@ -13,7 +13,7 @@ from router.compiled import COMPILED_MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = (
-    "import importlib, router.compiled as c, router.fastpath as f, router.wire as w\n"
+    "import importlib, router.compiled as c, router.path.fastpath as f, router.protocol.wire as w\n"
     "names = c.COMPILED_MODULES\n"
     "print(f.USING_EXTENSION, w.USING_EXTENSION,\n"
     "      *[c.is_compiled(importlib.import_module(n)) for n in names])\n"
@@ -36,7 +36,7 @@ def test_the_switch_picks_the_extensions_or_their_source(switch, compiled):
 
 def test_every_extension_is_built_from_the_source_beside_it():
     """An extension older than its .py or .pxd would run code that is no longer there."""
-    for name in (*COMPILED_MODULES, "router._fastpath", "router._wire"):
+    for name in (*COMPILED_MODULES, "router.path._fastpath", "router.protocol._wire"):
         stem = ROOT / name.replace(".", "/")
         built = list(stem.parent.glob(stem.name + ".cpython-*.so"))
         assert built, f"{name} is not compiled: run make"

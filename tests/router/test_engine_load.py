@@ -11,9 +11,10 @@ import time
 import pytest
 from aiohttp import web
 
-from router import _fastpath, _loadread, fastpath_py, loadread_py
-from router.engineload import QUIET_AFTER, QUIET_EVERY, LoadReader
-from router.loadseries import BadReading, Reading
+from router.load import _loadread, loadread_py
+from router.load.engineload import QUIET_AFTER, QUIET_EVERY, LoadReader
+from router.load.loadseries import BadReading, Reading
+from router.path import _fastpath, fastpath_py
 from sim.engine import EngineSettings, Faults, SimEngine
 
 

@@ -12,12 +12,12 @@ import json
 
 import pytest
 
-from router.context import ProxyConfig, ProxyContext
-from router.exchange import CONNECT, DONE, PICK, RELAY, SEND, Exchange, LifecycleError
-from router.fastpath import EndpointTable
-from router.forwarding import MAX_ANSWER_HEAD_BYTES
-from router.front import ClientConnection
-from router.upstream import UpstreamConnection, UpstreamPool
+from router.path.context import ProxyConfig, ProxyContext
+from router.path.exchange import CONNECT, DONE, PICK, RELAY, SEND, Exchange, LifecycleError
+from router.path.fastpath import EndpointTable
+from router.path.front import ClientConnection
+from router.path.upstream import UpstreamConnection, UpstreamPool
+from router.protocol.forwarding import MAX_ANSWER_HEAD_BYTES
 
 URLS = {f"r{i}": f"http://127.0.0.1:{9100 + i}" for i in range(3)}
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

@@ -204,7 +204,7 @@ def test_the_kill_switch_selects_the_twin_at_import(switch, extension):
     import subprocess
     import sys
 
-    code = "import router.fastpath as f; print(f.USING_EXTENSION, f.EndpointTable.__module__)"
+    code = "import router.path.fastpath as f; print(f.USING_EXTENSION, f.EndpointTable.__module__)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -212,7 +212,8 @@ def test_the_kill_switch_selects_the_twin_at_import(switch, extension):
         check=True,
         env={**os.environ, "GPUROUTER_NO_EXTENSIONS": switch},
     ).stdout.split()
-    assert out == [str(extension), "router._fastpath" if extension else "router.fastpath_py"]
+    expected = "router.path._fastpath" if extension else "router.path.fastpath_py"
+    assert out == [str(extension), expected]
 
 
 def test_exclude_skips_the_slots_already_tried(fastpath):
@@ -285,12 +286,12 @@ def test_a_removed_endpoint_with_requests_on_it_is_still_reported_in_use(fastpat
     assert "a" not in snap["in_flight"] and "a" not in snap["used"]
 
 
-# Engine-reported load (router/engineload.py gives the readings).
+# Engine-reported load (router/load/engineload.py gives the readings).
 
 
 @pytest.fixture(params=["extension", "twin"])
 def loaded_table(request):
-    from router import _fastpath, fastpath_py
+    from router.path import _fastpath, fastpath_py
 
     module = _fastpath if request.param == "extension" else fastpath_py
     table = module.EndpointTable(load_factor=1.25, kv_threshold=0.8)
@@ -383,7 +384,7 @@ def test_affinity_passes_over_a_replica_whose_engine_queues_while_another_can_st
 
 
 def test_the_in_flight_cap_stays_on_this_routers_own_requests(loaded_table):
-    from router import fastpath_py
+    from router.path import fastpath_py
 
     table = type(loaded_table)(max_in_flight=1)
     table.update({"m": [("a", "http://a")]})

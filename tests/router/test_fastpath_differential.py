@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router import _fastpath, fastpath_py
+from router.path import _fastpath, fastpath_py
 
 MODELS = ["a", "b", "c"]
 ENDPOINT_IDS = [f"r{i}" for i in range(6)]

@@ -3,11 +3,11 @@ X-Forwarded-For and X-Request-Id."""
 
 import asyncio
 
-from router.context import ProxyConfig, ProxyContext
-from router.exchange import Exchange
-from router.fastpath import EndpointTable
-from router.front import ClientConnection
-from router.upstream import UpstreamPool
+from router.path.context import ProxyConfig, ProxyContext
+from router.path.exchange import Exchange
+from router.path.fastpath import EndpointTable
+from router.path.front import ClientConnection
+from router.path.upstream import UpstreamPool
 
 
 def forwarded(header_list, body=b'{"model":"m"}', peer=b"127.0.0.9", request_id=b"rid-1"):

@@ -5,7 +5,7 @@ frozen leader), so the list never walks back to it."""
 import asyncio
 
 from controlplane.agent.agent import ControlPlaneClient
-from router.leader import ControlPlanes
+from router.control.leader import ControlPlanes
 
 
 def test_two_calls_failing_on_one_server_move_the_router_once():

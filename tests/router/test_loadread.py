@@ -1,4 +1,4 @@
-"""The engine load page reader in C (router/_loadread.pyx) and its Python twin give the same
+"""The engine load page reader in C (router/load/_loadread.pyx) and its Python twin give the same
 answers: the same reading of any page, and the same framing of any answer however its bytes
 are split."""
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router import _loadread, loadread_py
-from router.loadseries import COMPLETE, NEED_MORE, NOT_HTTP, SERIES, TOO_LARGE, BadReading
+from router.load import _loadread, loadread_py
+from router.load.loadseries import COMPLETE, NEED_MORE, NOT_HTTP, SERIES, TOO_LARGE, BadReading
 
 IMPLEMENTATIONS = {"extension": _loadread, "twin": loadread_py}
 NAMES = sorted(SERIES) + [b"vllm:num_requests_running_total", b"process_cpu_seconds_total"]

@@ -1,8 +1,8 @@
 """The per-request counters as scraped: every status and duration class a model saw, summed
 across workers."""
 
-from router.fastpath import EndpointTable
-from router.metrics import RouterMetrics, merge, render
+from router.path.fastpath import EndpointTable
+from router.telemetry.metrics import RouterMetrics, merge, render
 
 
 def test_requests_by_status_count_the_common_200_and_the_rest_alike():

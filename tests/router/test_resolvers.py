@@ -1,8 +1,8 @@
-"""A router's resolvers (router/resolvers.py): one hidden route per base whose engines load
+"""A router's resolvers (router/control/resolvers.py): one hidden route per base whose engines load
 adapters themselves, the replicas that hold an adapter or are busy with it left out for it,
 and a failed adapter given up until the next table."""
 
-from router.resolvers import Resolvers, checked_resolvers, served, with_resolvers
+from router.control.resolvers import Resolvers, checked_resolvers, served, with_resolvers
 
 PUBLISHED = {
     "llama": {

@@ -10,8 +10,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.leader import ControlPlanes
-from router.routes import RouteWatcher
+from router.control.leader import ControlPlanes
+from router.control.routes import RouteWatcher
 from tests.harness import BIN, free_port, get, post, wait_until
 
 pytestmark = pytest.mark.integration

@@ -5,8 +5,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.rules.tenantshares import FLOOR_SHARE, by_demand, split
-from router.fairqueue import FairQueue
-from router.tenants import (
+from router.path.fairqueue import FairQueue
+from router.protocol.wire import number_after
+from router.tenancy.tenants import (
     ADMITTED,
     BAD_BOUND,
     COMPLETION_TOKENS,
@@ -20,7 +21,6 @@ from router.tenants import (
     completion_bound,
     tokens_asked,
 )
-from router.wire import number_after
 
 
 def limited(now=0.0, **rules):
@@ -132,7 +132,7 @@ def test_ten_thousand_bad_keys_leave_nothing_behind_and_good_ones_are_remembered
     MAX_AUTHORIZATION bytes: at most about 100 MiB, reached only by that many real keys)."""
     import hashlib
 
-    from router.tenants import MAX_AUTHORIZATION, MAX_KNOWN
+    from router.tenancy.tenants import MAX_AUTHORIZATION, MAX_KNOWN
 
     book = TenantBook()
     keys = {hashlib.sha256(b"k%d" % i).hexdigest(): ["a", f"key-{i}"] for i in range(3)}
@@ -183,7 +183,7 @@ def test_shares_follow_demand_when_it_exceeds_the_limit():
 
 
 def test_workers_on_one_port_split_a_tenants_file_limits(tmp_path):
-    from router.tenantsfile import read_tenants_file
+    from router.tenancy.tenantsfile import read_tenants_file
 
     path = tmp_path / "tenants.yaml"
     path.write_text("tenants:\n  - name: a\n    requests_per_minute: 600\n    max_in_flight: 4\n")
@@ -226,7 +226,7 @@ BOUNDS = [
 def test_a_requests_bound_is_its_top_level_max_completion_tokens_else_max_tokens(body, bound):
     import orjson
 
-    from router import _bodyscan
+    from router.protocol import _bodyscan
 
     scanned = _bodyscan.scan_body(body)
     assert scanned is not None
@@ -238,7 +238,7 @@ def test_a_requests_bound_is_its_top_level_max_completion_tokens_else_max_tokens
 def test_the_default_bound_is_written_last_in_the_body_the_engine_gets(wire):
     import orjson
 
-    from router import _wire, wire_py
+    from router.protocol import _wire, wire_py
 
     module = _wire if wire == "extension" else wire_py
     for body in (b'{"model":"m"}', b'{ "model": "m", "max_tokens": null } ', b"{}"):

@@ -126,7 +126,7 @@ def test_a_request_that_waited_for_a_slot_says_why_and_how_long(procs, receiver)
 
 def test_nothing_of_opentelemetry_is_imported_when_traces_are_off():
     code = (
-        "import sys, router.main, router.server, router.exchange, controlplane.server;"
+        "import sys, router.main, router.server, router.path.exchange, controlplane.server;"
         "print([m for m in sys.modules if m.startswith('opentelemetry')])"
     )
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -165,7 +165,7 @@ def test_the_control_plane_traces_its_decisions_and_changes(procs, tmp_path, rec
 
 
 def test_the_engine_gets_the_routers_span_in_place_of_every_traceparent_the_client_sent():
-    from router.tracing import RequestTrace
+    from router.telemetry.tracing import RequestTrace
 
     trace = RequestTrace(None, 0xAB, 0xCD, 0xEF, "chat", "m", b"rid", b"/v1/completions", True)
     sent = (
@@ -185,7 +185,7 @@ def decoded(*ended: tuple):
     from google.protobuf import json_format
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from router.tracing import _span
+    from router.telemetry.tracing import _span
     from tests.otlp_receiver import _ids_as_base64
 
     body = b'{"resourceSpans":[{"resource":{},"scopeSpans":[{"scope":{},"spans":[%s]}]}]}' % (
@@ -202,7 +202,7 @@ def attributes_of(held) -> dict:
 
 
 def test_a_span_with_every_part_encodes_to_what_was_recorded():
-    from router.tracing import RequestTrace
+    from router.telemetry.tracing import RequestTrace
 
     trace = RequestTrace(
         None, 0xAB, 0xCD, 0xEF, "chat", 'm"odel', 'r"é\n'.encode(), b"/v1/chat/completions", False
@@ -263,7 +263,7 @@ def test_a_span_with_every_part_encodes_to_what_was_recorded():
 
 
 def test_a_span_that_never_reached_a_replica_has_no_more_than_it_knows():
-    from router.tracing import RequestTrace
+    from router.telemetry.tracing import RequestTrace
 
     trace = RequestTrace(None, 1, 2, 0, "text_completion", "nope", b"id", b"/v1/completions", False)
     [span] = decoded((trace, trace.start_ns, 404, None, -1, -1, False))
@@ -279,7 +279,7 @@ def test_a_span_that_never_reached_a_replica_has_no_more_than_it_knows():
 
 
 def test_posts_share_one_connection_and_one_the_collector_closed_is_opened_again():
-    from router.tracing import OtlpJsonExporter, RequestTrace
+    from router.telemetry.tracing import OtlpJsonExporter, RequestTrace
 
     collector = Receiver(keep_alive=True)
     exporter = OtlpJsonExporter(collector.url, "gpurouter", "test")
@@ -307,7 +307,7 @@ def test_a_collector_that_does_not_answer_is_not_asked_twice():
     import http.client
     import socket
 
-    from router.tracing import OtlpJsonExporter, RequestTrace
+    from router.telemetry.tracing import OtlpJsonExporter, RequestTrace
 
     frozen = socket.socket()
     frozen.bind(("127.0.0.1", 0))

@@ -67,7 +67,7 @@ class FakeTransport:
 
 
 def test_idle_connections_retire_before_the_engines_keepalive_ends():
-    from router.upstream import UpstreamConnection, UpstreamPool
+    from router.path.upstream import UpstreamConnection, UpstreamPool
 
     pool = UpstreamPool("http://127.0.0.1:1", connect_timeout=1, max_idle_s=4.0)
     fresh, stale = UpstreamConnection(pool), UpstreamConnection(pool)
@@ -84,7 +84,7 @@ def test_idle_connections_retire_before_the_engines_keepalive_ends():
 def test_a_connection_goes_back_to_its_pool_without_asking_asyncio_for_the_loop(monkeypatch):
     """asyncio.get_running_loop() costs a getpid() system call: not once per request. Its
     idle time starts on the router's clock."""
-    from router.upstream import UpstreamConnection, UpstreamPool
+    from router.path.upstream import UpstreamConnection, UpstreamPool
 
     pool = UpstreamPool("http://127.0.0.1:9", 1.0)
     asked = []

@@ -1,15 +1,15 @@
-"""The request readers: llhttp's C callbacks (router._wire) and its httptools twin
-(router.wire_py) read the same requests the same way, and refuse the same ones with the same
-status, however the bytes are split across reads."""
+"""The request readers: llhttp's C callbacks (router.protocol._wire) and its httptools twin
+(router.protocol.wire_py) read the same requests the same way, and refuse the same ones with the
+same status, however the bytes are split across reads."""
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from router import _wire, wire_py
-from router.errors import InvalidResponse, RequestRefused
-from router.forwarding import MAX_ANSWER_HEAD_BYTES
-from router.sink import AnswerSink
+from router.protocol import _wire, wire_py
+from router.protocol.errors import InvalidResponse, RequestRefused
+from router.protocol.forwarding import MAX_ANSWER_HEAD_BYTES
+from router.protocol.sink import AnswerSink
 
 READERS = [_wire.RequestReader, wire_py.RequestReader]
 MAX_HEADER_BYTES, MAX_BODY_BYTES = 4096, 1000

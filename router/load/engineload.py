@@ -1,0 +1,354 @@
+"""The engines' own load, read off the request path: what each replica's engine says it is
+running and holding in its queue, and how full its KV cache is.
+
+Every `interval` (jittered by ±10%) the reader takes from the table the endpoints of the models
+this router sent to in the last minute (`EndpointTable.load_targets`), GETs each distinct URL's
+`/metrics` over a kept-alive connection, at most `concurrency` at once, and gives what it reads
+to the table (`set_load`), which picks use for three intervals. Nothing here awaits on a
+request's behalf: a read is a write and a few callbacks on the router's loop, with no task of
+its own. Only what changes is read each round: an engine whose reading came back the same
+QUIET_AFTER times running, with this router's requests on it the same, is read every QUIET_EVERY
+rounds until it changes (its reading is used that much longer meanwhile; this router's own
+requests on it are counted live as ever, so what waits is only another router's new load on an
+engine that had none, for at most QUIET_EVERY intervals). A read that has not answered by the
+next round's deadline (two intervals) is abandoned and its connection closed; a body over
+`max_bytes` is cut off; a page that names none of the series, or gives one a value that is not a
+finite non-negative number, gives no reading. Without a reading the replica's load is this
+router's own count again, as before.
+
+The page is read in C (router/load/_loadread.pyx: llhttp frames the answer, and only the known
+series are looked for, router/load/loadseries.py); the connection's own work is a few calls a read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from urllib.parse import urlsplit
+
+from router.load.loadread import PageReader
+from router.load.loadseries import COMPLETE, NEED_MORE, TOO_LARGE, BadReading, Reading
+
+log = logging.getLogger("gpurouter.engineload")
+
+OUTCOMES = ("ok", "timeout", "error", "http_error", "too_large", "bad_value", "no_series")
+RECENT_S = 60.0  # models sent to within this long have their replicas read
+STALE_INTERVALS = 3  # a reading is used this many intervals, then own counts again
+# An engine whose reading (and this router's requests on it) came back the same this many
+# times running is quiet: read every QUIET_EVERY rounds, until its reading changes.
+QUIET_AFTER = 3
+QUIET_EVERY = 4
+SLOT_SEP = "@"  # an adapter's endpoint is REPLICA@ADAPTER, on its replica's engine
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection to one engine, one GET /metrics at a time."""
+
+    def __init__(self, reader: LoadReader, url: str, request: bytes) -> None:
+        self.reader = reader
+        self.url = url
+        self.request = request
+        parts = urlsplit(url)
+        self.address = (parts.hostname, parts.port or 80)
+        self.transport: asyncio.Transport | None = None
+        self.connecting = False
+        # The connect under way: cancelled when the read is given up, since a connect to an
+        # engine that drops packets would otherwise hold its socket for the kernel's minutes.
+        self.opening: asyncio.Future | None = None
+        self.closed = False
+        self.busy = False
+        self.started = 0.0
+        self.page = PageReader(reader.max_bytes)
+        # What its last reading said (with this router's requests on it then), how many times
+        # running it said the same, and in which round it was last asked.
+        self.last: tuple | None = None
+        self.same = 0
+        self.asked_in = 0
+
+    def send(self) -> None:
+        self.busy = True
+        self.started = time.monotonic()
+        self.page.next()
+        if self.transport is not None:
+            self.transport.write(self.request)
+
+    def connection_made(self, transport) -> None:
+        if self.closed:  # given up while it connected
+            transport.abort()
+            return
+        self.transport = transport
+        self.connecting = False
+        if self.busy:
+            transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:
+            self.close()  # nothing was asked: not an engine speaking HTTP as it should
+            return
+        said = self.page.feed(data)
+        if said != NEED_MORE:
+            self.answered(said)
+
+    def eof_received(self) -> bool:
+        if self.busy:
+            self.answered(self.page.feed_eof())
+        return False  # the transport closes itself
+
+    def answered(self, said: int) -> None:
+        page = self.page
+        if said == COMPLETE:
+            self.finish("ok" if page.status == 200 else "http_error")
+            if not page.keep_alive:
+                self.close()
+        else:
+            self.finish("too_large" if said == TOO_LARGE else "error")
+            self.close()
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+        self.connecting = False
+        self.page = PageReader(self.reader.max_bytes)  # a new connection, a new answer
+        if self.busy:
+            self.finish("error")
+
+    def finish(self, outcome: str) -> None:
+        if self.busy:
+            self.busy = False
+            self.reader.done(self, outcome)
+
+    def close(self) -> None:
+        """Drop the connection and any connect under way; the next read of this URL opens a
+        new one."""
+        self.closed = True
+        self.reader.forget(self)
+        opening, self.opening = self.opening, None
+        if opening is not None and not opening.done():
+            opening.cancel()
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.abort()
+
+
+class LoadReader:
+    def __init__(
+        self,
+        table,
+        interval_s: float = 0.1,
+        concurrency: int = 64,
+        max_bytes: int = 1024 * 1024,  # a real engine's page is 40 to 100 KB
+        recent_s: float = RECENT_S,
+    ) -> None:
+        self.table = table
+        self.interval_s = interval_s
+        self.timeout_s = 2 * interval_s
+        self.valid_s = STALE_INTERVALS * interval_s
+        self.concurrency = concurrency
+        self.max_bytes = max_bytes
+        self.recent_s = recent_s
+        self.connections: dict[str, _Connection] = {}
+        # url -> [(slot, id, this router's requests on it at the start of the round)]
+        self.targets: dict[str, list[tuple[int, str, int]]] = {}
+        self.pending: deque[str] = deque()
+        self.outstanding = 0
+        self.round_timer: asyncio.TimerHandle | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # What the operator and the control plane are told.
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.busy_s = 0.0  # time spent in the reader's own code, rounds and readings
+        self.rounds = 0
+        self.readings: dict[str, tuple[int, int, float, float]] = {}  # replica -> (w, r, kv, at)
+        self.quiet = 0  # engines read every QUIET_EVERY rounds, their reading unchanged
+        self.quiet_valid_s = (QUIET_EVERY + 2) * interval_s
+
+    # The rounds.
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.round_timer = self.loop.call_soon(self.round)
+
+    def stop(self) -> None:
+        if self.round_timer is not None:
+            self.round_timer.cancel()
+        for connection in list(self.connections.values()):
+            connection.close()
+
+    def round(self) -> None:
+        began = time.perf_counter()
+        self.rounds += 1
+        now = time.monotonic()
+        for connection in list(self.connections.values()):
+            if connection.busy and now - connection.started > self.timeout_s:
+                connection.finish("timeout")
+                connection.close()
+        targets: dict[str, list[tuple[int, str, int]]] = {}
+        for slot, endpoint_id, url, mark in self.table.load_targets(self.recent_s):
+            if url is not None:
+                targets.setdefault(url, []).append((slot, endpoint_id, mark))
+        self.targets = targets
+        for url in [url for url in self.connections if url not in targets]:
+            self.connections[url].close()
+        quiet = 0
+        for url in targets:
+            connection = self.connections.get(url)
+            if connection is None:
+                self.pending.append(url)
+            elif not connection.busy:
+                if connection.same >= QUIET_AFTER:
+                    quiet += 1
+                    if self.rounds - connection.asked_in < QUIET_EVERY:
+                        continue
+                self.pending.append(url)
+        self.quiet = quiet
+        self.pump()
+        jitter = self.interval_s * random.uniform(0.9, 1.1)
+        self.round_timer = self.loop.call_later(jitter, self.round)
+        self.busy_s += time.perf_counter() - began
+
+    def pump(self) -> None:
+        while self.pending and self.outstanding < self.concurrency:
+            url = self.pending.popleft()
+            if url not in self.targets:
+                continue
+            connection = self.connections.get(url)
+            if connection is None:
+                connection = self._connection(url)
+                if connection is None:
+                    self.outcomes["error"] += 1
+                    continue
+            if connection.busy:
+                continue
+            connection.asked_in = self.rounds
+            self.outstanding += 1
+            connection.send()
+            if connection.transport is None and not connection.connecting:
+                self._connect(connection)
+
+    def _connection(self, url: str) -> _Connection | None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            return None  # https engines are not read: their load stays this router's count
+        path = parts.path.rstrip("/") + "/metrics"
+        host = parts.netloc
+        request = (
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/plain\r\n"
+            "User-Agent: gpurouter-load\r\n\r\n"
+        ).encode()
+        connection = _Connection(self, url, request)
+        self.connections[url] = connection
+        return connection
+
+    def _connect(self, connection: _Connection) -> None:
+        connection.connecting = True
+        host, port = connection.address
+        opening = asyncio.ensure_future(self.loop.create_connection(lambda: connection, host, port))
+        connection.opening = opening
+
+        def opened(future: asyncio.Future) -> None:
+            if connection.opening is future:
+                connection.opening = None
+            if future.cancelled() or future.exception() is not None:
+                connection.connecting = False
+                connection.finish("error")
+                self.forget(connection)
+
+        opening.add_done_callback(opened)
+
+    def forget(self, connection: _Connection) -> None:
+        if self.connections.get(connection.url) is connection:
+            del self.connections[connection.url]
+
+    def done(self, connection: _Connection, outcome: str) -> None:
+        began = time.perf_counter()
+        self.outstanding -= 1
+        if outcome == "ok":
+            try:
+                reading = connection.page.reading()
+            except BadReading:
+                outcome, reading = "bad_value", None
+            else:
+                if reading is None:
+                    outcome = "no_series"
+            if reading is not None:
+                self._take(connection, reading)
+        self.outcomes[outcome] += 1
+        self.pump()
+        self.busy_s += time.perf_counter() - began
+
+    def _take(self, connection: _Connection, reading: Reading) -> None:
+        at = time.time()
+        entries = self.targets.get(connection.url, ())
+        said = (reading, sum(mark for _, _, mark in entries))
+        connection.same = connection.same + 1 if said == connection.last else 0
+        connection.last = said
+        valid_s = self.quiet_valid_s if connection.same >= QUIET_AFTER else self.valid_s
+        for slot, endpoint_id, mark in entries:
+            self.table.set_load(
+                slot,
+                endpoint_id,
+                reading.waiting,
+                reading.running,
+                reading.kv_use,
+                mark,
+                valid_s,
+            )
+            replica = endpoint_id.partition(SLOT_SEP)[0]
+            self.readings[replica] = (reading.waiting, reading.running, reading.kv_use, at)
+
+    # What is told.
+
+    @property
+    def stale(self) -> int:
+        """Endpoints read whose last reading is too old or missing: picks count this router's
+        own requests on them (worked out when asked: the rounds need not)."""
+        load_of = self.table.load_of
+        return sum(
+            1 for entries in self.targets.values() for slot, _, _ in entries if not load_of(slot)[1]
+        )
+
+    def report(self) -> dict[str, list]:
+        """replica -> [waiting, running, KV use, seconds since read], for the activity report:
+        the readings still fresh enough to use, for replicas still read."""
+        now = time.time()
+        read = {
+            endpoint_id.partition(SLOT_SEP)[0]
+            for entries in self.targets.values()
+            for _, endpoint_id, _ in entries
+        }
+        fresh = {}
+        for replica, (waiting, running, kv_use, at) in list(self.readings.items()):
+            if replica not in read:
+                del self.readings[replica]
+            elif now - at <= self.valid_s * 10:
+                fresh[replica] = [waiting, running, round(kv_use, 4), round(now - at, 3)]
+        return fresh
+
+    def metrics_lines(self) -> list[str]:
+        lines = [
+            "# HELP gpurouter_engine_load_reads_total Reads of the engines' load, by outcome.",
+            "# TYPE gpurouter_engine_load_reads_total counter",
+        ]
+        lines += [
+            f'gpurouter_engine_load_reads_total{{outcome="{outcome}"}} {count}'
+            for outcome, count in self.outcomes.items()
+        ]
+        lines += [
+            "# HELP gpurouter_engine_load_stale_endpoints Endpoints read whose last reading is"
+            " too old or missing: picks count this router's own requests on them.",
+            "# TYPE gpurouter_engine_load_stale_endpoints gauge",
+            f"gpurouter_engine_load_stale_endpoints {self.stale}",
+            "# HELP gpurouter_engine_load_quiet_engines Engines whose reading has not changed:"
+            " read every few rounds until it does.",
+            "# TYPE gpurouter_engine_load_quiet_engines gauge",
+            f"gpurouter_engine_load_quiet_engines {self.quiet}",
+            "# HELP gpurouter_engine_load_read_endpoints Endpoints the reader reads.",
+            "# TYPE gpurouter_engine_load_read_endpoints gauge",
+            f"gpurouter_engine_load_read_endpoints {sum(len(e) for e in self.targets.values())}",
+            "# HELP gpurouter_engine_load_busy_seconds_total Time spent in the reader's own"
+            " code (rounds, parsing, readings), not counting the loop's I/O.",
+            "# TYPE gpurouter_engine_load_busy_seconds_total counter",
+            f"gpurouter_engine_load_busy_seconds_total {self.busy_s:.6f}",
+        ]
+        return lines
