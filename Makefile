@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# A changed .pxd rebuilds every module: the modules that cimport it embed its layouts.
+# A changed .pxd rebuilds every module: the modules that cimport it embed its layouts. On a
+# fresh clone the install has just built them all, so nothing is forced then.
 $(BUILT): $(STAMP) $(COMPILED_SOURCES)
-	$(BIN)/python setup.py -q build_ext --inplace $(if $(filter %.pxd,$?),--force)
+	$(BIN)/python setup.py -q build_ext --inplace \
+	  $(if $(wildcard $(BUILT)),$(if $(filter %.pxd,$?),--force))
 	touch $(BUILT)
 
 # The tests spend most of their time waiting on the real processes they start, so they run in

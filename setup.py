@@ -90,9 +90,14 @@ extensions += [
     for name in COMPILED_MODULES
 ]
 
+jobs = os.cpu_count() or 1
 setup(
+    # Both steps on every core: the C of the request path's modules is large, and a fresh
+    # clone compiles all of it.
+    options={"build_ext": {"parallel": jobs}},
     ext_modules=cythonize(
         extensions,
+        nthreads=jobs,
         annotate=debug,
         # The .pxd files type the modules, not their annotations; the .pyx files set their own
         # bounds-check directives, and the .py modules keep Python's.
