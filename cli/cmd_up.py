@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from cli.listen import parse_listen
-from cli.up import AskedToStop, FleetUp
+from cli.up import AskedToStop, Console, FleetUp
 
 
 @click.command("up")
@@ -85,6 +85,7 @@ def up(
     trace_sample,
 ):
     """Run a whole fleet on this machine until Ctrl-C."""
+    echo = Console()
     fleet = FleetUp(
         Path(workdir),
         parse_listen(server_listen),
@@ -93,7 +94,7 @@ def up(
         simulate,
         fleet_file,
         tick_s,
-        click.echo,
+        echo,
         tls,
         state,
         otlp_endpoint,
@@ -101,15 +102,17 @@ def up(
     )
 
     def ask_to_stop(signum, frame):
+        fleet.hurry = fleet.stopping
         fleet.stopping = True
 
-    previous = {s: signal.signal(s, ask_to_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, ask_to_stop) for s in stop_signals}
     code = 0
     try:
-        click.echo("gpufleet: starting")
+        echo("gpufleet: starting")
         fleet.start()
         models = [] if no_demo else fleet.apply_demo()
-        click.echo(fleet.banner(models))
+        echo(fleet.banner(models))
         code = fleet.supervise()
     except AskedToStop:
         code = 0  # Ctrl-C before the fleet was all up: what started stops below
@@ -120,5 +123,5 @@ def up(
         fleet.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        click.echo("gpufleet: stopped")
+        echo("gpufleet: stopped")
     sys.exit(code)

@@ -3,7 +3,9 @@
 It starts the control plane, an agent (real GPUs when NVML finds any, else a simulated fleet)
 and a router, each a separate process in its own session; writes the client config so that
 `gpuctl status` in another terminal just works; applies demo models; restarts a part that
-dies; and on Ctrl-C or SIGTERM stops everything it started, router first.
+dies; and on Ctrl-C, SIGTERM or SIGHUP stops everything it started, router first, whatever
+became of its output (a pipe whose reader died with the same Ctrl-C, a closed terminal). A
+second signal cuts the stop's waits short.
 """
 
 from __future__ import annotations
@@ -132,6 +134,32 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+class Console:
+    """`click.echo` that outlives its reader. Once a stream's reader is gone (a pipe's reader
+    killed by the same Ctrl-C, a closed terminal: EPIPE or EIO), its further lines are dropped
+    instead of raised, so that no message can cut a stop short; the stream is pointed at
+    /dev/null, so that Python's last flush at exit does not fail either."""
+
+    def __init__(self, echo=click.echo) -> None:
+        self._echo = echo
+        self.gone: set[bool] = set()  # err=False (stdout) and/or err=True (stderr)
+
+    def __call__(self, message=None, nl: bool = True, err: bool = False) -> None:
+        if err in self.gone:
+            return
+        try:
+            self._echo(message, nl=nl, err=err)
+        except OSError:
+            self.gone.add(err)
+            stream = sys.stderr if err else sys.stdout
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
+
+
 class AskedToStop(Exception):
     """Ctrl-C (or SIGTERM) came while `gpuctl up` was still starting: stop now."""
 
@@ -205,6 +233,7 @@ class FleetUp:
         self.echo = echo
         self.parts: list[Part] = []
         self.stopping = False
+        self.hurry = False  # a second signal: stop without waiting for anything to stop cleanly
         self.example_gpu: tuple[str, int] | None = None  # a GPU of this fleet, for the banner
 
     def traced(self, flag: str) -> tuple[str, ...]:
@@ -361,6 +390,18 @@ class FleetUp:
                                                            "argv": part.argv}))  # fmt: skip
         (self.pids / f"{name}.pid").write_text(f"{part.proc.pid}\n")
 
+    def kill_engines(self) -> None:
+        """The engines the agent recorded, killed: after a hurried stop the agent may have had
+        no time to stop them itself (each runs in a session of its own)."""
+        for record in (self.dir / "agent" / "nodes").glob("*/replicas/*.json"):
+            try:
+                running = json.loads(record.read_text())
+                pid, argv = int(running["pid"]), list(running["argv"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if process_alive(pid) and same_program(cmdline(pid), argv):
+                os.kill(pid, signal.SIGKILL)
+
     def stop_leftovers(self) -> None:
         """Stop what an earlier `gpuctl up` in this folder left running when it was killed
         (kill -9 gives it no chance to stop its parts): each part it recorded, if that pid
@@ -511,10 +552,12 @@ class FleetUp:
                 part.proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + 20
             for part in wave:
-                try:
-                    part.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
+                while part.proc.poll() is None and not self.hurry and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if part.proc.poll() is None:
                     part.proc.kill()
                     part.proc.wait()
+        if self.hurry:
+            self.kill_engines()
         for pid_file in [*self.pids.glob("*.pid"), *self.pids.glob("*.json")]:
             pid_file.unlink(missing_ok=True)

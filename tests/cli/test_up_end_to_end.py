@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,10 +26,19 @@ def recorded(pid_file: Path) -> int:
     return pid
 
 
+# What `| tee` does with the output, line by line.
+TEE = "import sys\nfor line in sys.stdin.buffer:\n    sys.stdout.buffer.write(line)\n" \
+    "    sys.stdout.buffer.flush()"
+
+
 class Up:
     """`gpuctl up` on free loopback ports in `tmp_path`, as a user would run it."""
 
-    def __init__(self, tmp_path, *flags: str, log_name: str = "up.log") -> None:
+    def __init__(
+        self, tmp_path, *flags: str, log_name: str = "up.log", piped: bool = False
+    ) -> None:
+        """piped: its output goes through a pipe to a reader (`self.reader`, as `| tee` would),
+        which writes the log."""
         self.ports = {name: free_port() for name in ("server", "router", "admin")}
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")},
@@ -48,11 +58,19 @@ class Up:
                 "--sim-admin-listen", f"127.0.0.1:{self.ports['admin']}",
                 "--tick", "0.5",
             ],
-            stdout=self.log,
+            stdout=subprocess.PIPE if piped else self.log,
             stderr=subprocess.STDOUT,
             env=self.env,
             start_new_session=True,
         )  # fmt: skip
+        self.reader = None
+        if piped:
+            self.reader = subprocess.Popen(
+                [sys.executable, "-c", TEE],
+                stdin=self.proc.stdout,
+                stdout=self.log,
+            )
+            self.proc.stdout.close()
 
     def output(self) -> str:
         return self.log_path.read_text()
@@ -417,3 +435,33 @@ def test_ctrl_c_is_honoured_before_the_banner_and_with_a_request_in_flight(tmp_p
     next(iter(stream))  # a request in flight
     ctrl_c_stops_it_within(late, 3.0)
     assert late.proc.returncode == 0, late.output()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_a_stop_stops_everything_after_the_output_pipe_died(tmp_path, signum):
+    """`gpuctl up | tee run.log`, then Ctrl-C (the same SIGINT kills tee first) or a closed
+    terminal (SIGHUP): every part and every engine stops all the same."""
+    up = Up(tmp_path, piped=True)
+    up.wait_up()
+    engines = wait_until(
+        lambda: [
+            json.loads(p.read_text())["pid"]
+            for p in (up.fleet / "agent" / "nodes").glob("*/replicas/*.json")
+        ],
+        what="engines",
+    )
+    started = [recorded(p) for p in (up.fleet / "pids").glob("*.pid")] + engines
+    up.reader.kill()  # the pipe's reader goes first
+    up.reader.wait()
+    os.kill(up.proc.pid, signum)
+    try:
+        up.proc.wait(30)
+        wait_until(
+            lambda: not any(process_alive(pid) for pid in started), 10, "every part and engine gone"
+        )
+    finally:
+        up.log.close()
+        for pid in [up.proc.pid, *started]:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert up.proc.returncode == 0

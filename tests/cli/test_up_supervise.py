@@ -5,7 +5,8 @@ import sys
 import threading
 import time
 
-from cli.up import RESTARTS_PER_MINUTE, FleetUp, Part
+from cli.up import RESTARTS_PER_MINUTE, Console, FleetUp, Part
+from tests.harness import wait_until
 
 
 def test_a_part_that_keeps_dying_backs_off_and_the_rest_stays_up(tmp_path):
@@ -44,3 +45,53 @@ def test_a_part_that_keeps_dying_backs_off_and_the_rest_stays_up(tmp_path):
     finally:
         up.stop()
     assert steady.proc.poll() is not None
+
+
+def stubborn_fleet(tmp_path, said: list) -> FleetUp:
+    """A fleet of one part that ignores SIGTERM, launched."""
+    up = FleetUp(
+        tmp_path,
+        ("127.0.0.1", 1),
+        ("127.0.0.1", 2),
+        ("127.0.0.1", 3),
+        simulate=True,
+        fleet_file=None,
+        tick_s=1.0,
+        echo=lambda text, **kw: said.append(text),
+    )
+    for folder in (up.logs, up.pids):
+        folder.mkdir(parents=True)
+    ignores_term = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        " print('ready', flush=True); time.sleep(60)"
+    )
+    up.parts = [Part("router", [sys.executable, "-c", ignores_term], "")]
+    up.launch(up.parts[0])
+    wait_until(lambda: "ready" in (up.logs / "router.log").read_text(), 10, "the part")
+    return up
+
+
+def test_a_second_signal_cuts_the_stops_waits_short(tmp_path):
+    up = stubborn_fleet(tmp_path, [])
+    stopper = threading.Thread(target=up.stop)
+    began = time.monotonic()
+    stopper.start()
+    time.sleep(0.5)
+    assert stopper.is_alive(), "a part that ignores SIGTERM is waited for"
+    up.hurry = True  # what the second Ctrl-C sets
+    stopper.join(5)
+    assert not stopper.is_alive() and time.monotonic() - began < 3
+    assert up.parts[0].proc.poll() is not None, "killed, not left behind"
+
+
+def test_a_stop_whose_output_is_gone_still_stops_everything(tmp_path):
+    def dead_pipe(text, **kw):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    up = stubborn_fleet(tmp_path, [])
+    up.echo = Console(dead_pipe)
+    up.hurry = True
+    up.stop()
+    assert up.parts[0].proc.poll() is not None
+    assert up.echo.gone == {False}
+    up.echo("dropped, not raised")
