@@ -8,10 +8,10 @@ from controlplane.api.metrics import exposition
 from controlplane.state.fleet import FleetSnapshot
 from controlplane.views.summary import model_rows, summary
 from controlplane.vocabulary.model import GPU, ModelSpec, Node, Replica, ReplicaState, Slice
-from router import fastpath_py
-from router.metrics import RouterMetrics, merge, render
-from router.tenantmetrics import merge_tenants, tenant_lines, tenant_state
-from router.tenants import TenantState
+from router.path import fastpath_py
+from router.telemetry.metrics import RouterMetrics, merge, render
+from router.tenancy.tenantmetrics import merge_tenants, tenant_lines, tenant_state
+from router.tenancy.tenants import TenantState
 
 DASHBOARD = Path(__file__).parent.parent / "docs" / "grafana-dashboard.json"
 METRIC = re.compile(r"\b(?:gpufleet|gpurouter)_[a-z_]+")

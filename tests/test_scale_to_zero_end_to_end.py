@@ -89,7 +89,7 @@ def wake_with(router: str, requests: int) -> tuple[list[int], float]:
 def test_a_request_during_the_stop_is_served(procs, tmp_path):
     # Two routers; the slow one's route watch stalls before the replica turns idle, so it keeps
     # reporting a table with the route and the stop is held; a request then comes through the
-    # other. (Its acknowledgement would otherwise come at once: router/acks.py.)
+    # other. (Its acknowledgement would otherwise come at once: router/control/acks.py.)
     fleet = SimFleet(procs, tmp_path)
     call("POST", fleet.url + "/v1/models", sleepy_spec())
     wait_until(lambda: fleet.replicas("Ready"), timeout=30, what="the first replica")
