@@ -99,9 +99,9 @@ class ResolverEngines:
             start(engine, request, extra_s)
 
         def arrive_here(request: Request) -> None:
-            holders = router.control.routes.get(request.model) or []
+            holders = router.routes.get(request.model) or []
             free = [e for e in holders if self.free(e)]
-            resolvers = router.control.resolvers.get(request.model) or []
+            resolvers = router.resolvers.get(request.model) or []
             if free:
                 self.send(request, free)
             elif resolvers:
