@@ -42,9 +42,10 @@ class EndpointTable:
     kv_threshold: float
     """KV-cache use above which keyed picks count an endpoint as full."""
     def acquire(self, model: str, key: int = 0, exclude: tuple[int, ...] = ()) -> int:
-        """Pick a non-ejected endpoint of `model` whose slot is not in `exclude` (at most 16
-        slots: those this request already tried) and count the request on it, which reports
-        as used now until its release stamps the end of the use.
+        """Pick a non-ejected endpoint of `model` whose slot is not in `exclude` (the slots
+        this request already tried, or a resolver route's holders of the adapter: any number)
+        and count the request on it, which reports as used now until its release stamps the end
+        of the use.
 
         An endpoint's load: its in-flight count here, plus, at a fresh reading (set_load), the
         engine's other requests.

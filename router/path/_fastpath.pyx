@@ -44,7 +44,7 @@ cdef extern from *:
 cdef enum:
     NEVER = -1
     SLOT_RETIRED = -1
-    MAX_EXCLUDED_ = 16
+    MAX_EXCLUDED_ = 16  # excluded slots copied on the stack; more spill to the heap
 
 cdef enum AcquireResult:
     NO_MODEL_ = -1
@@ -195,13 +195,17 @@ cdef class EndpointTable:
         cdef int32_t m, i, pos, slot, load, best = -1, best_pos = 0, best_load = 0
         cdef int32_t usable = 0, model_load = 0, n_excluded = 0, top = -1
         cdef uint64_t score, top_score = 0
-        cdef int32_t excluded[MAX_EXCLUDED_]
+        cdef int32_t on_stack[MAX_EXCLUDED_]
+        cdef int32_t* excluded = on_stack
+        cdef bytearray spilled  # more than fit on the stack: freed with this call's locals
         cdef Model* mdl
         cdef Slot* s
         if exclude:
             n_excluded = len(exclude)
             if n_excluded > MAX_EXCLUDED_:
-                raise ValueError(f"exclude holds at most {MAX_EXCLUDED_} slots")
+                # An adapter held on many replicas excludes them all from its resolver route.
+                spilled = bytearray(n_excluded * sizeof(int32_t))
+                excluded = <int32_t*><char*>spilled
             for i in range(n_excluded):
                 excluded[i] = exclude[i]
         self._lock_acquire()

@@ -16,7 +16,6 @@ SATURATED = -3
 _NEVER = -1
 _RETIRED = -1
 _MASK64 = (1 << 64) - 1
-MAX_EXCLUDED = 16
 
 
 def endpoint_hash(endpoint_id: str) -> int:
@@ -153,8 +152,6 @@ class EndpointTable:
         self._pinned_ns = _NEVER if seconds is None else int(seconds * 1e9)
 
     def acquire(self, model: str, key: int = 0, exclude: tuple = ()) -> int:
-        if len(exclude) > MAX_EXCLUDED:
-            raise ValueError(f"exclude holds at most {MAX_EXCLUDED} slots")
         with self._lock:
             m = self._model_index.get(model)
             if m is None:

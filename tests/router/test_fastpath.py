@@ -221,8 +221,18 @@ def test_exclude_skips_the_slots_already_tried(fastpath):
     a, b, c = (slot for slot, _, _ in table.endpoints("m"))
     assert {table.acquire("m", exclude=(a, b)) for _ in range(3)} == {c}
     assert table.acquire("m", exclude=(a, b, c)) == fastpath.NO_ENDPOINT
-    with pytest.raises(ValueError):
-        table.acquire("m", exclude=tuple(range(17)))
+
+
+def test_any_number_of_slots_can_be_excluded(fastpath):
+    """An adapter held on 17 or more replicas leaves them all out of its resolver route."""
+    table = make(fastpath, {"m": [(f"r{i}", "u") for i in range(40)]})
+    slots = [slot for slot, _, _ in table.endpoints("m")]
+    for held in (17, 39):
+        picked = [table.acquire("m", exclude=tuple(slots[:held])) for _ in range(3 * (40 - held))]
+        assert set(picked) == set(slots[held:]), held
+        for slot in picked:
+            table.release(slot)
+    assert table.acquire("m", exclude=tuple(slots)) == fastpath.NO_ENDPOINT
 
 
 def test_a_key_sticks_to_one_endpoint_until_its_load_is_over_the_bound(fastpath):
