@@ -15,6 +15,7 @@ import yaml
 
 from router.control.leader import ControlPlanes
 from router.control.routes import static_config
+from router.credentials import credential, credential_text
 from router.listen import parse_listen
 from router.path.context import ProxyConfig
 from router.server import RouterServer, RouterSettings
@@ -229,6 +230,9 @@ def main(
 ) -> None:
     """The gpufleet data plane: an OpenAI-compatible reverse proxy in front of model replicas."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    # Under systemd, what the flags do not name comes as credentials (LoadCredential=).
+    token_file = token_file or credential("router-token")
+    metrics_token = metrics_token or credential_text("metrics-token") or ""
     try:
         host, port = parse_listen(listen)
         if control_plane:
@@ -241,6 +245,10 @@ def main(
         raise click.UsageError(str(exc)) from None
     if not routes and not control_plane:
         raise click.UsageError("give --backend, --routes or --control-plane")
+    if routes and control_plane:
+        # Static routes beside a control plane would be served, without its keys, until its
+        # first table: for ever while it is down.
+        raise click.UsageError("--backend and --routes are for a router without --control-plane")
     if otlp_endpoint and urlsplit(otlp_endpoint).scheme not in ("http", "https"):
         raise click.UsageError(f"--otlp-endpoint: an http(s) URL, got {otlp_endpoint!r}")
     api_keys = ()

@@ -5,6 +5,7 @@ import json
 import logging
 import signal
 import subprocess
+from pathlib import Path
 
 import openai
 import pytest
@@ -159,6 +160,23 @@ def test_a_bad_url_from_the_control_plane_is_left_out_with_a_log_line(caplog, fa
         watcher.apply({"version": 7, "routes": routes})
     assert [endpoint_id for _, endpoint_id, _ in table.endpoints("m")] == ["good"]
     assert table.version == 7 and "endpoint 'bad'" in caplog.text
+
+
+@pytest.mark.parametrize("static", [["--backend", "m=http://127.0.0.1:1"], ["--routes", None]])
+def test_static_routes_beside_a_control_plane_are_a_usage_error(tmp_path, static):
+    if static[1] is None:
+        static[1] = str(tmp_path / "routes.yaml")
+        Path(static[1]).write_text("m: [http://127.0.0.1:1]\n")
+    done = subprocess.run(
+        [
+            str(BIN / "gpurouter"), "--listen", f"127.0.0.1:{free_port()}",
+            "--control-plane", "http://127.0.0.1:1", *static,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2 and "without --control-plane" in done.stderr, done.stderr
 
 
 def test_a_routes_file_that_is_not_yaml_is_a_usage_error(tmp_path):
