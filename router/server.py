@@ -24,7 +24,7 @@ from router.load.engineload import LoadReader
 from router.path.context import ProxyConfig, ProxyContext
 from router.path.fastpath import EndpointTable
 from router.path.front import ClientConnection
-from router.sdnotify import notify
+from router.sdnotify import feed_watchdog, notify
 from router.telemetry.metrics import SharedMetrics
 from router.tenancy.tenantsfile import read_tenants_file
 
@@ -187,6 +187,7 @@ class RouterServer:
         tasks = [
             asyncio.create_task(self.tick(ctx)),
             asyncio.create_task(self.follow_catalog(ctx, session)),
+            asyncio.create_task(feed_watchdog()),
         ]
         if settings.control_plane:
 
@@ -303,8 +304,9 @@ class RouterServer:
             traced = [e.trace for e in ctx.parked.get(model, ()) if e.trace is not None]
             parent = traced[0].traceparent_value() if traced else None
             reason, final, wake = await self.reporter.demand(model, waiting, parent)
-            if WAKE_IDS.fullmatch("-".join(wake)):
-                for exchange in ctx.parked.get(model, ()):
+            if WAKE_IDS.fullmatch("-".join(wake)) and model in ctx.parked:
+                ctx.wake_traces[model] = wake  # for those that park from now on
+                for exchange in ctx.parked[model]:
                     if exchange.trace is not None:
                         exchange.trace.waited_on(*wake)
             if reason and final:

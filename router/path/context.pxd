@@ -25,6 +25,7 @@ cdef class ProxyContext:
     cdef public frozenset routed_models
     cdef public dict parked
     cdef public dict parked_since
+    cdef public dict wake_traces
     cdef public dict waiting_reason
     cdef public object on_demand
     cdef public dict affinity_by_model

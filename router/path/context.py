@@ -85,6 +85,9 @@ class ProxyContext:
         # with a control plane to wake the model (`on_demand`); without one, 503 at once.
         self.parked: dict[str, deque] = {}
         self.parked_since: dict[str, float] = {}
+        # model -> the ids (trace, span) of the control plane's trace of its wake, once its
+        # demand was answered: a request that parks later is linked to it too.
+        self.wake_traces: dict[str, tuple] = {}
         # model -> why room for it is still being made: what its waiting requests are told if
         # they wait out the park timeout
         self.waiting_reason: dict[str, str] = {}
@@ -189,6 +192,8 @@ class ProxyContext:
             return False
         queue.append(exchange)
         self.metrics.parked[model] = len(queue)
+        if exchange.trace is not None and model in self.wake_traces:
+            exchange.trace.waited_on(*self.wake_traces[model])
         if len(queue) == 1:  # once per wake, not per request
             self.parked_since[model] = self.clock()
             self.on_demand(model, 1)
@@ -299,6 +304,7 @@ class ProxyContext:
             del self.parked[model]
             self.parked_since.pop(model, None)
             self.waiting_reason.pop(model, None)
+            self.wake_traces.pop(model, None)
 
     def resume_parked(self) -> None:
         """After a new routing table: the requests held for models that now have a replica go,
@@ -308,6 +314,7 @@ class ProxyContext:
         for model in [m for m in self.parked if self.table.endpoints(m)]:
             queue = self.parked.pop(model)
             self.waiting_reason.pop(model, None)
+            self.wake_traces.pop(model, None)
             self.metrics.parked[model] = 0
             self.metrics.woke(model, self.clock() - self.parked_since.pop(model))
             for exchange in queue:
@@ -318,6 +325,7 @@ class ProxyContext:
         queue = self.parked.pop(model, ())
         self.parked_since.pop(model, None)
         self.waiting_reason.pop(model, None)
+        self.wake_traces.pop(model, None)
         self.metrics.parked[model] = 0
         for exchange in queue:
             exchange.refuse_waiting(reason)

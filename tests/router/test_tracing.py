@@ -3,6 +3,7 @@ engine's span, sent to an OTLP receiver; nothing of OpenTelemetry loaded when tr
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -334,3 +335,54 @@ def test_a_collector_that_does_not_answer_is_not_asked_twice():
     finally:
         exporter.close()
         frozen.close()
+
+
+class ParkedRequest:
+    """What parking needs of an exchange: its model and its trace."""
+
+    def __init__(self, model: str, trace) -> None:
+        self.routed_model = model
+        self.trace = trace
+
+    def refuse_waiting(self, reason: str) -> None:
+        pass
+
+
+class AnsweringReporter:
+    """The control plane's answer to a demand: room is being made, with its wake's trace."""
+
+    def __init__(self, wake: tuple[str, str]) -> None:
+        self.wake = wake
+
+    async def demand(self, model, waiting, parent):
+        return "", False, self.wake
+
+
+def test_a_request_parked_after_the_wake_was_answered_is_linked_to_it():
+    import asyncio
+
+    from router.path.context import ProxyConfig, ProxyContext
+    from router.path.fastpath import EndpointTable
+    from router.server import RouterServer
+    from router.telemetry.tracing import RequestTrace
+
+    wake = ("1" * 32, "2" * 16)
+    server = SimpleNamespace(reporter=AnsweringReporter(wake), demands=set())
+    ctx = ProxyContext(EndpointTable(), ProxyConfig())
+    ctx.on_demand = lambda model, waiting: RouterServer.ask_for(server, ctx, model, waiting)
+
+    def traced() -> ParkedRequest:
+        return ParkedRequest("m", RequestTrace(None, 1, 2, 0, "chat", "m", b"r", b"/v1", False))
+
+    async def park_before_and_after_the_answer():
+        first = traced()
+        assert ctx.park(first)  # sends the demand
+        await asyncio.gather(*server.demands)
+        later = traced()
+        assert ctx.park(later)
+        return first, later
+
+    first, later = asyncio.run(park_before_and_after_the_answer())
+    assert first.trace.wake == later.trace.wake == wake
+    ctx.refuse_parked("m", "gone")
+    assert ctx.wake_traces == {}, "a later wait is a wake of its own"
