@@ -23,7 +23,7 @@ from controlplane.tick.leadership import Elected, Sole, Term
 from controlplane.tick.reconciler import Reconciler
 from controlplane.vocabulary.idle import IdleTracker
 from controlplane.vocabulary.looplag import watch_loop_lag
-from controlplane.vocabulary.sdnotify import notify
+from controlplane.vocabulary.sdnotify import feed_watchdog, notify
 
 log = logging.getLogger("gpufleet.server")
 # A fleet's state is millions of long-lived objects, and each view's snapshot allocates hundreds
@@ -147,6 +147,7 @@ async def serve_sole(settings: Settings, stop: asyncio.Event) -> None:
     log.info("gpuctl server listening on %s, state in %s", settings.url, settings.state)
     notify("READY=1", f"STATUS=serving on {settings.url}")
     lag = asyncio.create_task(watch_loop_lag(log))
+    watchdog = asyncio.create_task(feed_watchdog())
     stopping = asyncio.create_task(stop.wait())
     ticker = asyncio.create_task(tick_loop(term, settings.tick_s))
     try:
@@ -165,8 +166,9 @@ async def serve_sole(settings: Settings, stop: asyncio.Event) -> None:
         notify("STOPPING=1")
         ticker.cancel()
         lag.cancel()
+        watchdog.cancel()
         stopping.cancel()
-        await asyncio.gather(ticker, lag, return_exceptions=True)
+        await asyncio.gather(ticker, lag, watchdog, return_exceptions=True)
         end_term(term)  # before the cleanup, which would wait out each route watcher's poll
         await runner.cleanup()
         term.fleet.flush_activity()  # and the reports that came in as it drained
@@ -193,6 +195,7 @@ async def serve_elected(settings: Settings, stop: asyncio.Event) -> None:
     log.info("gpuctl server listening on %s, state in PostgreSQL, standing by", settings.url)
     notify("READY=1", f"STATUS=serving on {settings.url}, standing by")
     lag = asyncio.create_task(watch_loop_lag(log))
+    watchdog = asyncio.create_task(feed_watchdog())
     stopping = asyncio.create_task(stop.wait())
     try:
         while not stop.is_set():
@@ -205,6 +208,7 @@ async def serve_elected(settings: Settings, stop: asyncio.Event) -> None:
     finally:
         notify("STOPPING=1")
         lag.cancel()
+        watchdog.cancel()
         stopping.cancel()
         await runner.cleanup()
         await pool.close()

@@ -216,6 +216,8 @@ class NodeAgent:
         self.orders: str | None = None  # the version of the orders applied last
         self.digest: str | None = None  # and the digest of their assignments
         self.heard = asyncio.Event()  # set once a first answer gave the orders
+        self.beating = asyncio.Event()  # set once registered and a heartbeat was answered
+        self.trouble = ""  # why not, while not: the last registration or heartbeat failure
 
     async def run(self) -> None:
         await self.register()
@@ -228,6 +230,7 @@ class NodeAgent:
                     raise
                 except Exception as exc:  # the control plane may be away: keep replicas as is
                     log.warning("%s: heartbeat failed: %s", self.inventory.name, exc)
+                    self.trouble = f"heartbeat failed: {exc}"
                 await self._until_next_beat()
         finally:
             if watch is not None:
@@ -323,8 +326,10 @@ class NodeAgent:
                     )
                 else:
                     log.warning("%s: registration failed (%s); retrying", self.inventory.name, exc)
+                self.trouble = f"registration failed: {exc}"
             except Exception as exc:
                 log.warning("%s: registration failed (%s); retrying", self.inventory.name, exc)
+                self.trouble = f"registration failed: {exc!r}"
             # Refused or unreachable alike, the next try waits: thousands of agents retrying
             # at once must not keep a struggling control plane down.
             await asyncio.sleep(delay)
@@ -371,6 +376,7 @@ class NodeAgent:
                 return
             raise
         self.take_orders(answer)
+        self.beating.set()
         paced = answer.get("heartbeat_s")
         if isinstance(paced, int | float) and 0 < paced < math.inf:
             self.heartbeat_s = float(paced)  # the control plane paces a large fleet's beats

@@ -15,11 +15,30 @@ from controlplane.agent.agent import WATCH_S, ControlPlaneClient, Credential, No
 from controlplane.agent.processes import EnginePorts
 from controlplane.agent.supervisor import Supervisor
 from controlplane.vocabulary.looplag import watch_loop_lag
-from controlplane.vocabulary.sdnotify import notify
+from controlplane.vocabulary.sdnotify import feed_watchdog, notify
 
 WATCH_MAX_NODES = 256  # nodes in one agent process that each watch their orders
 
 log = logging.getLogger("gpufleet.agent")
+
+
+async def ready_once_heard(agents: list, server: str, every_s: float = 0.2) -> None:
+    """READY=1 once every node this agent runs is registered and a heartbeat of it answered,
+    so that `systemctl start` of a unit ordered after the agent's finds the nodes there; until
+    then STATUS= says how many are and why the others are not, and they keep trying."""
+    said = ""
+    while True:
+        waiting = [agent for agent in agents if not agent.beating.is_set()]
+        if not waiting:
+            break
+        status = f"STATUS={len(agents) - len(waiting)} of {len(agents)} node(s) heard by {server}"
+        if waiting[0].trouble:
+            status += f"; {waiting[0].inventory.name}: {waiting[0].trouble}"
+        if status != said:
+            notify(status)
+            said = status
+        await asyncio.sleep(every_s)
+    notify("READY=1", f"STATUS=running {len(agents)} node(s) against {server}")
 
 
 async def run_agents(
@@ -88,8 +107,9 @@ async def run_agents(
         loop.add_signal_handler(signum, stop.set)
     tasks = [asyncio.create_task(agent.run()) for agent in agents.values()]
     tasks.append(asyncio.create_task(watch_loop_lag(log)))
+    tasks.append(asyncio.create_task(feed_watchdog()))
+    tasks.append(asyncio.create_task(ready_once_heard(list(agents.values()), server)))
     log.info("agent running %d node(s) against %s", len(agents), server)
-    notify("READY=1", f"STATUS=running {len(agents)} node(s) against {server}")
     try:
         await stop.wait()
     finally:
