@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
+from controlplane.agent.engineenv import engine_environment
 from controlplane.agent.engines import (
     control_of,
     load_adapter,
@@ -207,7 +208,7 @@ class Supervisor(Reconciles):
             self.failed[a["replica"]] = failed
             return
         env = {
-            **os.environ,
+            **engine_environment(self.state_dir),
             **a.get("env", {}),
             **secret,
             "CUDA_VISIBLE_DEVICES": values["gpus"],
