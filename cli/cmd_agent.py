@@ -12,6 +12,7 @@ from cli.listen import parse_listen
 from cli.paths import state_dir
 from controlplane.agent.agent import WATCH_S
 from controlplane.api.tokens import load_tokens
+from controlplane.vocabulary.credentials import credential
 
 
 @click.command("agent")
@@ -97,7 +98,7 @@ def agent(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
-        tokens = load_tokens(token_file)
+        tokens = load_tokens(token_file or credential("agent-token"))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     token = tokens.get("agent")

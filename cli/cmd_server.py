@@ -8,6 +8,7 @@ import click
 from cli.listen import parse_listen
 from cli.paths import default_state_path
 from controlplane.api.tokens import load_tokens
+from controlplane.vocabulary.credentials import credential, credential_text
 from controlplane.vocabulary.specs import parse_duration
 
 
@@ -146,6 +147,10 @@ def server(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     host, port = parse_listen(listen)
+    # Under systemd, what the flags do not name comes as credentials (LoadCredential=).
+    token_file = token_file or credential("tokens")
+    tls_cert, tls_key = tls_cert or credential("tls-cert"), tls_key or credential("tls-key")
+    metrics_token = metrics_token or credential_text("metrics-token")
     try:
         tokens = load_tokens(token_file)
         residency_s = parse_duration(min_residency, "--min-residency", allow_zero=True)

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "router"
 # From the bottom up; a module may import its own room and those listed before it.
 ROOMS = ["protocol", "load", "control", "tenancy", "telemetry", "path"]
 # The process around the rooms, at the top: these may import any room and each other.
-PROCESS = {"server", "main", "__main__", "listen", "sdnotify"}
+PROCESS = {"server", "main", "__main__", "listen", "sdnotify", "credentials"}
 # Below everything: which implementation (compiled or its twin) a module gets.
 SWITCH = "compiled"
 
