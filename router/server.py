@@ -21,6 +21,7 @@ from router.control.catalog import ModelCatalog
 from router.control.leader import ControlPlanes
 from router.control.routes import RouteWatcher
 from router.load.engineload import LoadReader
+from router.load.shared import LoadFollower, SharedReadings
 from router.path.context import ProxyConfig, ProxyContext
 from router.path.fastpath import EndpointTable
 from router.path.front import ClientConnection
@@ -87,6 +88,20 @@ def control_plane_connector(ca_file: str | None):
     return aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca_file))
 
 
+def engine_load_reader(table, settings: RouterSettings):
+    """What reads the engines' load for this worker: a LoadReader, or, for workers after the
+    first of several, a LoadFollower of the first's readings (router/load/shared.py)."""
+    interval = settings.load_interval_s
+    if interval <= 0:
+        return None
+    if not settings.metrics_folder or settings.workers <= 1:
+        return LoadReader(table, interval)
+    shared = SharedReadings(settings.metrics_folder, settings.worker)
+    if settings.worker == 0:
+        return LoadReader(table, interval, shared=shared)
+    return LoadFollower(table, shared, interval)
+
+
 class RouterServer:
     def __init__(self, settings: RouterSettings) -> None:
         self.settings = settings
@@ -95,11 +110,7 @@ class RouterServer:
             load_factor=settings.load_factor,
             kv_threshold=settings.kv_threshold,
         )
-        self.load_reader = (
-            LoadReader(self.table, settings.load_interval_s)
-            if settings.load_interval_s > 0
-            else None
-        )
+        self.load_reader = engine_load_reader(self.table, settings)
         if settings.static_routes:
             self.table.update(settings.static_routes)
         # Stable across restarts, so that a new incarnation supersedes the old one.

@@ -101,6 +101,7 @@ class SimEngine:
         self.settings = settings
         self.requests_total = 0
         self.cancelled_total = 0
+        self.metrics_reads_total = 0  # how often this page was read: what its readers cost it
         self.tracer = None
         self.histograms: list[str] | None = None
         self.resolving: dict[str, asyncio.Future] = {}  # adapter -> its load under way
@@ -505,6 +506,7 @@ class SimEngine:
         return web.Response(text="")
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.metrics_reads_total += 1
         fault = self.settings.faults.metrics
         if fault:
             return await self._bad_metrics(fault, request)
@@ -518,6 +520,12 @@ class SimEngine:
             "counter",
             "Requests whose client went away.",
             self.cancelled_total,
+        )
+        lines += _family(
+            "gpufleet_sim_metrics_reads_total",
+            "counter",
+            "Reads of this page (routers' load readers, Prometheus).",
+            self.metrics_reads_total,
         )
         if self.settings.kind == "vllm":
             model = _labels(self.settings.models[0])

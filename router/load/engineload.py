@@ -140,8 +140,14 @@ class LoadReader:
         concurrency: int = 64,
         max_bytes: int = 1024 * 1024,  # a real engine's page is 40 to 100 KB
         recent_s: float = RECENT_S,
+        shared=None,
     ) -> None:
+        """`shared` (router/load/shared.py's SharedReadings): this is worker 0 of several, and
+        reads the engines its sibling workers want too, for them."""
         self.table = table
+        self.shared = shared
+        self.latest: dict[str, list] = {}  # url -> [waiting, running, KV use, when, valid for]
+        self.unpublished = False
         self.interval_s = interval_s
         self.timeout_s = 2 * interval_s
         self.valid_s = STALE_INTERVALS * interval_s
@@ -187,6 +193,11 @@ class LoadReader:
         for slot, endpoint_id, url, mark in self.table.load_targets(self.recent_s):
             if url is not None:
                 targets.setdefault(url, []).append((slot, endpoint_id, mark))
+        if self.shared is not None:
+            for url in self.shared.wanted():
+                targets.setdefault(url, [])  # read for a sibling worker
+            if self.unpublished:
+                self.publish(now)
         self.targets = targets
         for url in [url for url in self.connections if url not in targets]:
             self.connections[url].close()
@@ -275,7 +286,16 @@ class LoadReader:
                 self._take(connection, reading)
         self.outcomes[outcome] += 1
         self.pump()
+        if self.shared is not None and self.unpublished and not self.outstanding:
+            self.publish(time.monotonic())  # the round's last read is in: out to the workers
         self.busy_s += time.perf_counter() - began
+
+    def publish(self, now: float) -> None:
+        gone = [u for u, r in self.latest.items() if r[3] + r[4] < now or u not in self.targets]
+        for url in gone:
+            del self.latest[url]
+        self.shared.publish(self.latest, self.outcomes, self.busy_s, self.quiet, self.read_count)
+        self.unpublished = False
 
     def _take(self, connection: _Connection, reading: Reading) -> None:
         at = time.time()
@@ -284,6 +304,11 @@ class LoadReader:
         connection.same = connection.same + 1 if said == connection.last else 0
         connection.last = said
         valid_s = self.quiet_valid_s if connection.same >= QUIET_AFTER else self.valid_s
+        if self.shared is not None:
+            self.latest[connection.url] = [
+                reading.waiting, reading.running, reading.kv_use, time.monotonic(), valid_s
+            ]
+            self.unpublished = True
         for slot, endpoint_id, mark in entries:
             self.table.set_load(
                 slot,
@@ -325,30 +350,44 @@ class LoadReader:
                 fresh[replica] = [waiting, running, round(kv_use, 4), round(now - at, 3)]
         return fresh
 
+    @property
+    def read_count(self) -> int:
+        return sum(max(1, len(e)) for e in self.targets.values())
+
     def metrics_lines(self) -> list[str]:
-        lines = [
-            "# HELP gpurouter_engine_load_reads_total Reads of the engines' load, by outcome.",
-            "# TYPE gpurouter_engine_load_reads_total counter",
-        ]
-        lines += [
-            f'gpurouter_engine_load_reads_total{{outcome="{outcome}"}} {count}'
-            for outcome, count in self.outcomes.items()
-        ]
-        lines += [
-            "# HELP gpurouter_engine_load_stale_endpoints Endpoints read whose last reading is"
-            " too old or missing: picks count this router's own requests on them.",
-            "# TYPE gpurouter_engine_load_stale_endpoints gauge",
-            f"gpurouter_engine_load_stale_endpoints {self.stale}",
-            "# HELP gpurouter_engine_load_quiet_engines Engines whose reading has not changed:"
-            " read every few rounds until it does.",
-            "# TYPE gpurouter_engine_load_quiet_engines gauge",
-            f"gpurouter_engine_load_quiet_engines {self.quiet}",
-            "# HELP gpurouter_engine_load_read_endpoints Endpoints the reader reads.",
-            "# TYPE gpurouter_engine_load_read_endpoints gauge",
-            f"gpurouter_engine_load_read_endpoints {sum(len(e) for e in self.targets.values())}",
-            "# HELP gpurouter_engine_load_busy_seconds_total Time spent in the reader's own"
-            " code (rounds, parsing, readings), not counting the loop's I/O.",
-            "# TYPE gpurouter_engine_load_busy_seconds_total counter",
-            f"gpurouter_engine_load_busy_seconds_total {self.busy_s:.6f}",
-        ]
-        return lines
+        return load_metrics_lines(
+            self.outcomes, self.stale, self.quiet, self.read_count, self.busy_s
+        )
+
+
+def load_metrics_lines(
+    outcomes: dict, stale: int, quiet: int, read: int, busy_s: float
+) -> list[str]:
+    """The reader's families: with several workers, its counters are the reading worker's,
+    whichever worker answers (router/load/shared.py)."""
+    lines = [
+        "# HELP gpurouter_engine_load_reads_total Reads of the engines' load, by outcome.",
+        "# TYPE gpurouter_engine_load_reads_total counter",
+    ]
+    lines += [
+        f'gpurouter_engine_load_reads_total{{outcome="{outcome}"}} {count}'
+        for outcome, count in outcomes.items()
+    ]
+    lines += [
+        "# HELP gpurouter_engine_load_stale_endpoints Endpoints read whose last reading is"
+        " too old or missing: picks count this router's own requests on them.",
+        "# TYPE gpurouter_engine_load_stale_endpoints gauge",
+        f"gpurouter_engine_load_stale_endpoints {stale}",
+        "# HELP gpurouter_engine_load_quiet_engines Engines whose reading has not changed:"
+        " read every few rounds until it does.",
+        "# TYPE gpurouter_engine_load_quiet_engines gauge",
+        f"gpurouter_engine_load_quiet_engines {quiet}",
+        "# HELP gpurouter_engine_load_read_endpoints Endpoints the reader reads.",
+        "# TYPE gpurouter_engine_load_read_endpoints gauge",
+        f"gpurouter_engine_load_read_endpoints {read}",
+        "# HELP gpurouter_engine_load_busy_seconds_total Time spent in the reader's own"
+        " code (rounds, parsing, readings), not counting the loop's I/O.",
+        "# TYPE gpurouter_engine_load_busy_seconds_total counter",
+        f"gpurouter_engine_load_busy_seconds_total {busy_s:.6f}",
+    ]
+    return lines
