@@ -46,6 +46,9 @@ QUIET_AFTER = 3
 QUIET_EVERY = 4
 QUIET_MOST_S = 2.0
 SLOT_SEP = "@"  # an adapter's endpoint is REPLICA@ADAPTER, on its replica's engine
+# The endpoints to read are taken from the table this often (and at each new route version): a
+# model first sent to has its replicas read within half a second at the default interval.
+REFRESH_ROUNDS = 5
 
 
 class _Connection(asyncio.Protocol):
@@ -71,6 +74,8 @@ class _Connection(asyncio.Protocol):
         self.last: tuple | None = None
         self.same = 0
         self.asked_in = 0
+        # Its endpoints as it was asked: [(slot, id, this router's requests on it then)]
+        self.asked: list[tuple[int, str, int]] = []
 
     def send(self) -> None:
         self.busy = True
@@ -159,8 +164,16 @@ class LoadReader:
         self.max_bytes = max_bytes
         self.recent_s = recent_s
         self.connections: dict[str, _Connection] = {}
-        # url -> [(slot, id, this router's requests on it at the start of the round)]
-        self.targets: dict[str, list[tuple[int, str, int]]] = {}
+        # url -> [(slot, id)]: the endpoints of the models sent to lately, taken from the table
+        # every REFRESH_ROUNDS rounds and at each new route version.
+        self.targets: dict[str, list[tuple[int, str]]] = {}
+        self.refreshed_in = 0
+        self.version_seen = None
+        # When each URL is read next (a round), and the URLs due in each round: a round touches
+        # only what is due, not every engine (1,000 quiet engines cost a round nothing).
+        self.next_read: dict[str, int] = {}
+        self.due: dict[int, list[str]] = {}
+        self.reading: set[_Connection] = set()  # asked, not answered yet
         self.pending: deque[str] = deque()
         self.outstanding = 0
         self.round_timer: asyncio.TimerHandle | None = None
@@ -170,7 +183,6 @@ class LoadReader:
         self.busy_s = 0.0  # time spent in the reader's own code, rounds and readings
         self.rounds = 0
         self.readings: dict[str, tuple[int, int, float, float]] = {}  # replica -> (w, r, kv, at)
-        self.quiet = 0  # engines read every QUIET_EVERY rounds, their reading unchanged
         self.quiet_most = max(QUIET_EVERY, round(QUIET_MOST_S / interval_s))  # in rounds
 
     # The rounds.
@@ -189,14 +201,30 @@ class LoadReader:
         began = time.perf_counter()
         self.rounds += 1
         now = time.monotonic()
-        for connection in list(self.connections.values()):
-            if connection.busy and now - connection.started > self.timeout_s:
-                connection.finish("timeout")
-                connection.close()
-        targets: dict[str, list[tuple[int, str, int]]] = {}
-        for slot, endpoint_id, url, mark in self.table.load_targets(self.recent_s):
+        for connection in [c for c in self.reading if now - c.started > self.timeout_s]:
+            connection.finish("timeout")
+            connection.close()
+        version = self.table.version
+        if self.rounds - self.refreshed_in >= REFRESH_ROUNDS or version != self.version_seen:
+            self.refresh(now)
+            self.version_seen = version
+        next_read = self.next_read
+        for url in self.due.pop(self.rounds, ()):
+            if next_read.get(url) == self.rounds:
+                self.pending.append(url)
+        self.pump()
+        jitter = self.interval_s * random.uniform(0.9, 1.1)
+        self.round_timer = self.loop.call_later(jitter, self.round)
+        self.busy_s += time.perf_counter() - began
+
+    def refresh(self, now: float) -> None:
+        """The endpoints to read, afresh from the table (and the sibling workers' wants): new
+        URLs are read this round, those gone are forgotten and their connections closed."""
+        self.refreshed_in = self.rounds
+        targets: dict[str, list[tuple[int, str]]] = {}
+        for slot, endpoint_id, url, _ in self.table.load_targets(self.recent_s):
             if url is not None:
-                targets.setdefault(url, []).append((slot, endpoint_id, mark))
+                targets.setdefault(url, []).append((slot, endpoint_id))
         if self.shared is not None:
             for url in self.shared.wanted():
                 targets.setdefault(url, [])  # read for a sibling worker
@@ -205,22 +233,21 @@ class LoadReader:
         self.targets = targets
         for url in [url for url in self.connections if url not in targets]:
             self.connections[url].close()
-        quiet = 0
+        for url in [url for url in self.next_read if url not in targets]:
+            del self.next_read[url]
         for url in targets:
-            connection = self.connections.get(url)
-            if connection is None:
-                self.pending.append(url)
-            elif not connection.busy:
-                if connection.same >= QUIET_AFTER:
-                    quiet += 1
-                    if self.rounds - connection.asked_in < self.quiet_gap(connection.same):
-                        continue
-                self.pending.append(url)
-        self.quiet = quiet
-        self.pump()
-        jitter = self.interval_s * random.uniform(0.9, 1.1)
-        self.round_timer = self.loop.call_later(jitter, self.round)
-        self.busy_s += time.perf_counter() - began
+            if url not in self.next_read:
+                self.schedule(url, 0)
+
+    def schedule(self, url: str, after: int) -> None:
+        at = self.rounds + after
+        self.next_read[url] = at
+        self.due.setdefault(at, []).append(url)
+
+    @property
+    def quiet(self) -> int:
+        """Engines read every few rounds, their reading unchanged."""
+        return sum(1 for c in self.connections.values() if c.same >= QUIET_AFTER)
 
     def quiet_gap(self, same: int) -> int:
         """Rounds between reads of an engine that said the same `same` times running."""
@@ -236,12 +263,17 @@ class LoadReader:
             if connection is None:
                 connection = self._connection(url)
                 if connection is None:
-                    self.outcomes["error"] += 1
+                    self.outcomes["error"] += 1  # and not read again while it is a target
                     continue
             if connection.busy:
                 continue
+            in_flight = self.table.in_flight
+            connection.asked = [
+                (slot, endpoint_id, in_flight(slot)) for slot, endpoint_id in self.targets[url]
+            ]
             connection.asked_in = self.rounds
             self.outstanding += 1
+            self.reading.add(connection)
             connection.send()
             if connection.transport is None and not connection.connecting:
                 self._connect(connection)
@@ -283,6 +315,9 @@ class LoadReader:
     def done(self, connection: _Connection, outcome: str) -> None:
         began = time.perf_counter()
         self.outstanding -= 1
+        self.reading.discard(connection)
+        if outcome != "ok":
+            connection.same = 0
         if outcome == "ok":
             try:
                 reading = connection.page.reading()
@@ -294,6 +329,9 @@ class LoadReader:
             if reading is not None:
                 self._take(connection, reading)
         self.outcomes[outcome] += 1
+        if connection.url in self.targets:
+            quiet = connection.same >= QUIET_AFTER
+            self.schedule(connection.url, self.quiet_gap(connection.same) if quiet else 1)
         self.pump()
         if self.shared is not None and self.unpublished and not self.outstanding:
             self.publish(time.monotonic())  # the round's last read is in: out to the workers
@@ -308,7 +346,7 @@ class LoadReader:
 
     def _take(self, connection: _Connection, reading: Reading) -> None:
         at = time.time()
-        entries = self.targets.get(connection.url, ())
+        entries = connection.asked
         said = (reading, sum(mark for _, _, mark in entries))
         connection.same = connection.same + 1 if said == connection.last else 0
         connection.last = said
@@ -341,7 +379,7 @@ class LoadReader:
         own requests on them (worked out when asked: the rounds need not)."""
         load_of = self.table.load_of
         return sum(
-            1 for entries in self.targets.values() for slot, _, _ in entries if not load_of(slot)[1]
+            1 for entries in self.targets.values() for slot, _ in entries if not load_of(slot)[1]
         )
 
     def report(self) -> dict[str, list]:
@@ -351,7 +389,7 @@ class LoadReader:
         read = {
             endpoint_id.partition(SLOT_SEP)[0]
             for entries in self.targets.values()
-            for _, endpoint_id, _ in entries
+            for _, endpoint_id in entries
         }
         fresh = {}
         for replica, (waiting, running, kv_use, at) in list(self.readings.items()):
