@@ -368,21 +368,20 @@ def test_a_request_parked_after_the_wake_was_answered_is_linked_to_it():
 
     wake = ("1" * 32, "2" * 16)
     server = SimpleNamespace(reporter=AnsweringReporter(wake), demands=set())
-    ctx = ProxyContext(EndpointTable(), ProxyConfig())
-    ctx.on_demand = lambda model, waiting: RouterServer.ask_for(server, ctx, model, waiting)
 
     def traced() -> ParkedRequest:
         return ParkedRequest("m", RequestTrace(None, 1, 2, 0, "chat", "m", b"r", b"/v1", False))
 
     async def park_before_and_after_the_answer():
+        ctx = ProxyContext(EndpointTable(), ProxyConfig())  # on the loop, as the router's
+        ctx.on_demand = lambda model, waiting: RouterServer.ask_for(server, ctx, model, waiting)
         first = traced()
         assert ctx.park(first)  # sends the demand
         await asyncio.gather(*server.demands)
         later = traced()
         assert ctx.park(later)
-        return first, later
+        assert first.trace.wake == later.trace.wake == wake
+        ctx.refuse_parked("m", "gone")
+        assert ctx.wake_traces == {}, "a later wait is a wake of its own"
 
-    first, later = asyncio.run(park_before_and_after_the_answer())
-    assert first.trace.wake == later.trace.wake == wake
-    ctx.refuse_parked("m", "gone")
-    assert ctx.wake_traces == {}, "a later wait is a wake of its own"
+    asyncio.run(park_before_and_after_the_answer())
