@@ -9,8 +9,8 @@ from cli.up import RESTARTS_PER_MINUTE, Console, FleetUp, Part
 from tests.harness import wait_until
 
 
-def test_a_part_that_keeps_dying_backs_off_and_the_rest_stays_up(tmp_path):
-    said = []
+def empty_fleet(tmp_path, said: list) -> FleetUp:
+    """A FleetUp with no part yet, its folders made, what it says kept in `said`."""
     up = FleetUp(
         tmp_path,
         ("127.0.0.1", 1),
@@ -23,6 +23,12 @@ def test_a_part_that_keeps_dying_backs_off_and_the_rest_stays_up(tmp_path):
     )
     for folder in (up.logs, up.pids):
         folder.mkdir(parents=True)
+    return up
+
+
+def test_a_part_that_keeps_dying_backs_off_and_the_rest_stays_up(tmp_path):
+    said = []
+    up = empty_fleet(tmp_path, said)
     steady = Part("control plane", [sys.executable, "-c", "import time; time.sleep(60)"], "")
     crashing = Part("router", [sys.executable, "-c", "raise SystemExit(3)"], "")
     up.parts = [steady, crashing]
@@ -49,18 +55,7 @@ def test_a_part_that_keeps_dying_backs_off_and_the_rest_stays_up(tmp_path):
 
 def stubborn_fleet(tmp_path, said: list) -> FleetUp:
     """A fleet of one part that ignores SIGTERM, launched."""
-    up = FleetUp(
-        tmp_path,
-        ("127.0.0.1", 1),
-        ("127.0.0.1", 2),
-        ("127.0.0.1", 3),
-        simulate=True,
-        fleet_file=None,
-        tick_s=1.0,
-        echo=lambda text, **kw: said.append(text),
-    )
-    for folder in (up.logs, up.pids):
-        folder.mkdir(parents=True)
+    up = empty_fleet(tmp_path, said)
     ignores_term = (
         "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
         " print('ready', flush=True); time.sleep(60)"
