@@ -40,6 +40,7 @@ class Sender:
     def __init__(self, routers: list[str], key: str) -> None:
         self.routers, self.key = routers, key
         self.paused: set[str] = set()
+        self.sending = threading.Lock()  # held while a request is chosen and in flight
         self.statuses: list[int] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -49,14 +50,23 @@ class Sender:
         headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
         n = 0
         while not self.done.is_set():
-            live = [r for r in self.routers if r not in self.paused]
-            router = live[n % len(live)]
-            n += 1
-            try:
-                self.statuses.append(post(router + "/v1/chat/completions", BODY, headers, 10)[0])
-            except OSError:
-                self.statuses.append(-1)
+            with self.sending:
+                live = [r for r in self.routers if r not in self.paused]
+                router = live[n % len(live)]
+                n += 1
+                try:
+                    status = post(router + "/v1/chat/completions", BODY, headers, 10)[0]
+                except OSError:
+                    status = -1
+                self.statuses.append(status)
             time.sleep(0.02)
+
+    def pause(self, router: str) -> None:
+        """Send no more to `router`, and return once no request to it is in flight: a router
+        stopped under a request would hold it past the client's timeout."""
+        self.paused.add(router)
+        with self.sending:
+            pass
 
     def stop(self) -> None:
         self.done.set()
@@ -128,7 +138,7 @@ def measure(folder: Path, pause_s: float = 35.0) -> dict:
         cluster.leader_port(timeout=30, besides=killed)
         time.sleep(3.0)
         paused_url, paused = routers[1]
-        sender.paused.add(paused_url)
+        sender.pause(paused_url)
         paused.send_signal(signal.SIGSTOP)
         time.sleep(pause_s)
         paused.send_signal(signal.SIGCONT)
