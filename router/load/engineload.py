@@ -177,6 +177,7 @@ class LoadReader:
         self.pending: deque[str] = deque()
         self.outstanding = 0
         self.round_timer: asyncio.TimerHandle | None = None
+        self.stopped = False
         self.loop: asyncio.AbstractEventLoop | None = None
         # What the operator and the control plane are told.
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
@@ -192,6 +193,9 @@ class LoadReader:
         self.round_timer = self.loop.call_soon(self.round)
 
     def stop(self) -> None:
+        # Closing a connection that is being read finishes its read, which pumps: once stopped,
+        # nothing is sent and no connection opened again.
+        self.stopped = True
         if self.round_timer is not None:
             self.round_timer.cancel()
         for connection in list(self.connections.values()):
@@ -255,6 +259,8 @@ class LoadReader:
         return min(QUIET_EVERY << doublings, self.quiet_most)
 
     def pump(self) -> None:
+        if self.stopped:
+            return
         while self.pending and self.outstanding < self.concurrency:
             url = self.pending.popleft()
             if url not in self.targets:

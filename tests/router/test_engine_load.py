@@ -356,3 +356,31 @@ def test_a_quiet_engine_is_read_every_few_rounds_until_its_reading_changes():
             await stop_all(reader, sims, runners)
 
     asyncio.run(scenario())
+
+
+def test_a_stopped_reader_opens_no_connection_and_sends_nothing():
+    """Stopping closes the connection of a read under way, which finishes that read; the
+    engine waiting its turn behind it (concurrency 1) is not read then, nor ever."""
+
+    async def scenario():
+        runners, urls, sims = await engines(["hang", "hang"])
+        table = _fastpath.EndpointTable()
+        table.update({"m": [("a", urls[0]), ("b", urls[1])]})
+        for _ in range(2):
+            table.acquire("m")
+        reader = LoadReader(table, interval_s=0.05, concurrency=1)
+        reader.start()
+        try:
+            for _ in range(200):
+                if reader.reading and reader.pending:
+                    break
+                await asyncio.sleep(0.01)
+            assert reader.reading and reader.pending, "one read under way, one waiting"
+            reader.stop()
+            await asyncio.sleep(0.2)  # the closed connection's loss reaches the reader
+            assert not reader.connections, list(reader.connections)
+            assert not reader.reading
+        finally:
+            await stop_all(reader, sims, runners)
+
+    asyncio.run(scenario())
