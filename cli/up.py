@@ -46,6 +46,7 @@ DEMO_COMMAND = [
     "32",
 ]
 RESTARTS_PER_MINUTE = 5
+STOP_GRACE_S = 20  # what a part is given to stop on SIGTERM before it is killed
 
 
 def demo_models(
@@ -550,7 +551,7 @@ class FleetUp:
             for part in wave:
                 self.echo(f"  stopping {part.name}")
                 part.proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + STOP_GRACE_S
             for part in wave:
                 while part.proc.poll() is None and not self.hurry and time.monotonic() < deadline:
                     time.sleep(0.05)

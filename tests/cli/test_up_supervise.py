@@ -5,7 +5,7 @@ import sys
 import threading
 import time
 
-from cli.up import RESTARTS_PER_MINUTE, Console, FleetUp, Part
+from cli.up import RESTARTS_PER_MINUTE, STOP_GRACE_S, Console, FleetUp, Part
 from tests.harness import wait_until
 
 
@@ -69,13 +69,14 @@ def stubborn_fleet(tmp_path, said: list) -> FleetUp:
 def test_a_second_signal_cuts_the_stops_waits_short(tmp_path):
     up = stubborn_fleet(tmp_path, [])
     stopper = threading.Thread(target=up.stop)
-    began = time.monotonic()
     stopper.start()
     time.sleep(0.5)
     assert stopper.is_alive(), "a part that ignores SIGTERM is waited for"
     up.hurry = True  # what the second Ctrl-C sets
-    stopper.join(5)
-    assert not stopper.is_alive() and time.monotonic() - began < 3
+    # Without the hurry the stop waits out its grace for the part (20 s) and would still be
+    # waiting here: the join's limit only keeps a broken stop from hanging the test.
+    stopper.join(STOP_GRACE_S / 2)
+    assert not stopper.is_alive(), "the hurry ended the wait"
     assert up.parts[0].proc.poll() is not None, "killed, not left behind"
 
 

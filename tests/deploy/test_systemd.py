@@ -185,7 +185,7 @@ def test_the_watchdog_is_fed_from_the_loop_and_a_frozen_loop_misses_it(tmp_path,
         hearing.join()
         listener.close()
     before = [t for t in fed if t < frozen]
-    assert len(before) >= 4, fed
+    assert len(before) >= 2, fed
     assert not [t for t in fed if frozen + 0.05 < t < thawed - 0.05], "nothing while frozen"
     assert [t for t in fed if t > thawed], "fed again once the loop is back"
     monkeypatch.setenv("WATCHDOG_PID", "1")  # another process's watchdog
