@@ -4,12 +4,19 @@ Engines list more than the name they were started with: vLLM lists each LoRA ada
 on it as a model of its own (with `parent`), and a request naming the adapter must reach a
 replica of its base model. Once a tick the router asks each replica's `/v1/models`; a name a
 replica lists besides its own model becomes an alias of that model.
+
+A replica whose list came back the same QUIET_AFTER times running is quiet: it is asked every
+QUIET_EVERY refreshes (a minute at the router's 10 s), not every one. At 1,000 replicas the
+router otherwise spent 0.3 s of a core every 10 s asking them all. A request that names a model
+neither in the table nor an alias has the next refresh ask every replica, quiet or not, so an
+adapter loaded on a quiet engine is known at most one refresh after the first request for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 
 import aiohttp
 
@@ -17,11 +24,19 @@ from router.control.resolvers import served
 
 log = logging.getLogger("gpurouter.catalog")
 
+QUIET_AFTER = 2
+QUIET_EVERY = 6
+
 
 class ModelCatalog:
     def __init__(self) -> None:
         self.reported: dict[str, dict[str, dict]] = {}  # model -> {card id: card}
         self.aliases: dict[str, str] = {}  # served name -> model in the table
+        # (model, replica URL) -> [its last cards, times running they came back the same,
+        # the refresh it was last asked in]
+        self.answers: dict[tuple[str, str], list] = {}
+        self.refreshes = 0
+        self.ask_all = False
 
     def cards(self, table_models: list[str]) -> list[dict]:
         cards = []
@@ -35,7 +50,10 @@ class ModelCatalog:
         return cards
 
     def alias_of(self, name: str) -> str | None:
-        return self.aliases.get(name)
+        alias = self.aliases.get(name)
+        if alias is None:
+            self.ask_all = True  # perhaps loaded on a quiet replica since it was last asked
+        return alias
 
     def take(self, model: str, cards: list[dict]) -> None:
         """Cards one replica of `model` reported."""
@@ -55,32 +73,50 @@ class ModelCatalog:
         }
 
     async def refresh(self, session: aiohttp.ClientSession, table, timeout_s: float = 2.0):
-        """Ask every replica in the table for its models; one that does not answer in time
-        keeps what it said last."""
+        """Ask the replicas in the table that are due for their models; one that does not
+        answer in time keeps what it said last."""
+        self.refreshes += 1
+        ask_all, self.ask_all = self.ask_all, False
         models = served(table.models())
-        fresh = ModelCatalog()
-        jobs = [
-            self._ask(session, model, url, timeout_s, fresh)
-            for model in models
-            for _, _, url in table.endpoints(model)
-        ]
-        await asyncio.gather(*jobs)
-        for model in models:
-            if model not in fresh.reported and model in self.reported:
-                fresh.reported[model] = self.reported[model]
-        self.reported = fresh.reported
+        pairs = [(model, url) for model in models for _, _, url in table.endpoints(model)]
+        due = [pair for pair in pairs if ask_all or self._due(pair)]
+        said = await asyncio.gather(*(self._ask(session, url, timeout_s) for _, url in due))
+        for pair, cards in zip(due, said):
+            self._note(pair, cards)
+        live = set(pairs)
+        self.answers = {pair: answer for pair, answer in self.answers.items() if pair in live}
+        self.reported = {}
+        for (model, _), (cards, _, _) in self.answers.items():
+            self.take(model, cards)
         self.rebuild_aliases(models)
 
+    def _due(self, pair: tuple[str, str]) -> bool:
+        answer = self.answers.get(pair)
+        if answer is None or answer[1] < QUIET_AFTER:
+            return True
+        return self.refreshes - answer[2] >= QUIET_EVERY
+
+    def _note(self, pair: tuple[str, str], cards: list | None) -> None:
+        answer = self.answers.get(pair)
+        if cards is None:  # no answer: what it said last stands, and it is asked next time
+            if answer is not None:
+                answer[1], answer[2] = 0, self.refreshes
+            return
+        same = answer[1] + 1 if answer is not None and answer[0] == cards else 0
+        asked_in = self.refreshes
+        if same == QUIET_AFTER:  # quiet from now: asked at a phase of its own, not all at once
+            asked_in -= random.randrange(QUIET_EVERY)
+        self.answers[pair] = [cards, same, asked_in]
+
     @staticmethod
-    async def _ask(session, model: str, url: str, timeout_s: float, into: ModelCatalog):
+    async def _ask(session, url: str, timeout_s: float) -> list | None:
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
             async with session.get(url + "/v1/models", timeout=timeout) as resp:
                 if resp.status != 200:
-                    return
+                    return None
                 body = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError):
-            return
+            return None
         data = body.get("data") if isinstance(body, dict) else None
-        if isinstance(data, list):
-            into.take(model, data)
+        return data if isinstance(data, list) else None
