@@ -2,7 +2,8 @@
 simulated replicas (10 models of 100, served by in-process sim engines in two helper processes,
 as `replicas: in_process` serves them), every model sent to, so that every replica is read.
 The router's CPU time (user + system, from /proc) over the same wall time, with the reader on
-at `--load-interval` and off, no requests meanwhile; the difference is the reader's cost.
+at `--load-interval` and off (two routers side by side), no requests meanwhile; the difference
+is the reader's cost.
 
     python -m bench.reader_cost [--replicas 1000] [--interval 0.1] [--seconds 20] [--busy]
         [--histograms 40]
@@ -76,28 +77,39 @@ def start_hosts(
 
 
 def measure(procs: Processes, routes_file: str, interval: float, seconds: float) -> dict:
-    url, proc = procs.router("--routes", routes_file, f"--load-interval={interval}")
-    for m in range(MODELS):
-        status, _, _ = post(
-            url + "/v1/completions", f'{{"model": "m{m}", "prompt": "hi"}}'.encode()
-        )
-        assert status == 200
+    """The router with its reader at `interval` and the same router with it off, side by side
+    over the same span of their lives: what else a router does now and then (its model
+    catalog's refreshes) falls in both alike, and the difference is the reader's."""
+    routers = {
+        reads_at: procs.router("--routes", routes_file, f"--load-interval={reads_at}")
+        for reads_at in (interval, 0)
+    }
+    for url, _ in routers.values():
+        for m in range(MODELS):
+            status, _, _ = post(
+                url + "/v1/completions", f'{{"model": "m{m}", "prompt": "hi"}}'.encode()
+            )
+            assert status == 200
     # The first rounds open their connections; idle engines then come to be read every 2 s
     # within about 5 s (router/load/engineload.py): the figure is the steady state's.
-    time.sleep(2 * interval + 1 + (QUIET_SETTLE_S if interval else 0))
-    first = reader_figures(url)
-    cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+    time.sleep(2 * interval + 1 + QUIET_SETTLE_S)
+    first = {at: reader_figures(url) for at, (url, _) in routers.items()}
+    cpu0 = {at: cpu_seconds(proc.pid) for at, (_, proc) in routers.items()}
+    wall0 = time.monotonic()
     time.sleep(seconds)
-    cpu, wall = cpu_seconds(proc.pid) - cpu0, time.monotonic() - wall0
-    last = reader_figures(url)
-    procs.terminate(proc)
-    reads = {k: v - first["reads"].get(k, 0) for k, v in last["reads"].items()}
+    cpu = {at: cpu_seconds(proc.pid) - cpu0[at] for at, (_, proc) in routers.items()}
+    wall = time.monotonic() - wall0
+    last = reader_figures(routers[interval][0])
+    for _, proc in routers.values():
+        procs.terminate(proc)
+    before = first[interval]
+    reads = {k: v - before["reads"].get(k, 0) for k, v in last["reads"].items()}
     return {
-        "interval": interval,
-        "cpu_share": cpu / wall,
+        "cpu_on": cpu[interval] / wall,
+        "cpu_off": cpu[0] / wall,
         "reads": reads,
         "reads_per_s": sum(reads.values()) / wall,
-        "own_code_share": (last["busy_s"] - first["busy_s"]) / wall,
+        "own_code_share": (last["busy_s"] - before["busy_s"]) / wall,
     }
 
 
@@ -112,6 +124,49 @@ def reader_figures(url: str) -> dict:
     }
     busy = [float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("gpurouter_engine_load_busy")]
     return {"reads": reads, "busy_s": busy[0] if busy else 0.0}
+
+
+def run(
+    replicas: int = 1000,
+    interval: float = 0.1,
+    seconds: float = 20.0,
+    busy: bool = False,
+    histograms: int = 0,
+) -> dict:
+    hosts, urls = start_hosts(replicas, busy=busy, histograms=histograms)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            routes = {
+                f"m{m}": [
+                    {"id": rid, "url": u} for rid, u in urls.items() if int(rid[1:]) % MODELS == m
+                ]
+                for m in range(MODELS)
+            }
+            routes_file = Path(folder) / "routes.yaml"
+            routes_file.write_text(yaml.safe_dump(routes))
+            procs = Processes(Path(folder))
+            try:
+                found = measure(procs, str(routes_file), interval, seconds)
+            finally:
+                procs.stop_all()
+    finally:
+        for host in hosts:
+            host.terminate()
+            host.wait()
+    return {
+        "replicas": replicas,
+        "engines": "busy" if busy else "idle",
+        "histograms_a_page": histograms,
+        "interval_s": interval,
+        "router_cpu_off": round(found["cpu_off"], 4),
+        "router_cpu_on": round(found["cpu_on"], 4),
+        "reader_cost_of_a_core": round(found["cpu_on"] - found["cpu_off"], 4),
+        "reads_per_s_expected": round(replicas / interval),
+        "reads_ok": found["reads"].get("ok", 0),
+        "reads_per_s": round(found["reads_per_s"]),
+        "reader_own_code_of_a_core": round(found["own_code_share"], 4),
+        "reads": found["reads"],
+    }
 
 
 def main() -> None:
@@ -133,46 +188,7 @@ def main() -> None:
         "80 KB, as vLLM's)",
     )
     args = parser.parse_args()
-    hosts, urls = start_hosts(args.replicas, busy=args.busy, histograms=args.histograms)
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            routes = {
-                f"m{m}": [
-                    {"id": rid, "url": u} for rid, u in urls.items() if int(rid[1:]) % MODELS == m
-                ]
-                for m in range(MODELS)
-            }
-            routes_file = Path(folder) / "routes.yaml"
-            routes_file.write_text(yaml.safe_dump(routes))
-            procs = Processes(Path(folder))
-            try:
-                off = measure(procs, str(routes_file), 0, args.seconds)
-                on = measure(procs, str(routes_file), args.interval, args.seconds)
-            finally:
-                procs.stop_all()
-    finally:
-        for host in hosts:
-            host.terminate()
-            host.wait()
-    ok = on["reads"].get("ok", 0)
-    print(
-        json.dumps(
-            {
-                "replicas": args.replicas,
-                "engines": "busy" if args.busy else "idle",
-                "histograms_a_page": args.histograms,
-                "interval_s": args.interval,
-                "router_cpu_off": round(off["cpu_share"], 4),
-                "router_cpu_on": round(on["cpu_share"], 4),
-                "reader_cost_of_a_core": round(on["cpu_share"] - off["cpu_share"], 4),
-                "reads_per_s_expected": round(args.replicas / args.interval),
-                "reads_ok": ok,
-                "reads_per_s": round(on["reads_per_s"]),
-                "reader_own_code_of_a_core": round(on["own_code_share"], 4),
-                "reads": on["reads"],
-            }
-        )
-    )
+    print(json.dumps(run(args.replicas, args.interval, args.seconds, args.busy, args.histograms)))
 
 
 if __name__ == "__main__":
