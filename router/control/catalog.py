@@ -81,7 +81,7 @@ class ModelCatalog:
         pairs = [(model, url) for model in models for _, _, url in table.endpoints(model)]
         due = [pair for pair in pairs if ask_all or self._due(pair)]
         said = await asyncio.gather(*(self._ask(session, url, timeout_s) for _, url in due))
-        for pair, cards in zip(due, said):
+        for pair, cards in zip(due, said, strict=True):
             self._note(pair, cards)
         live = set(pairs)
         self.answers = {pair: answer for pair, answer in self.answers.items() if pair in live}
