@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controlplane.api.plumbing import ApiError, body_of, items, json_response, term, wake
+from controlplane.api.plumbing import ApiError, body_of, items, json_response, term
 from controlplane.vocabulary.idle import ReportError
 from controlplane.vocabulary.model import ReplicaState
 
 # How long a demand waits for the tick that places its model before it answers as things are.
 DEMAND_WAIT_S = 5.0
+# Prompt reports that come within this long of each other are taken by one tick.
+PROMPT_WAKE_S = 0.2
 
 
 async def get_routes(request: web.Request) -> web.Response:
@@ -116,6 +118,6 @@ async def post_activity(request: web.Request) -> web.Response:
     term(request).stats["activity_reports"] += 1
     if body.get("prompt"):
         # Sent at once, not on the router's tick: an acknowledgement a replica on its way out
-        # may be waiting for, taken by the next tick now.
-        wake(request)
+        # may be waiting for, or a share requests wait for, taken by a tick within moments.
+        term(request).wake_soon(PROMPT_WAKE_S)
     return json_response({"accepted": True})

@@ -27,6 +27,18 @@ class Term:
     views: Views = field(init=False)
     # What waits for the next tick to be over (a router's demand waits for its placement).
     tick_waiters: list = field(default_factory=list)
+    soon: asyncio.TimerHandle | None = None  # a wake coalescing routers' prompt reports
+
+    def wake_soon(self, within_s: float) -> None:
+        """Wake the tick loop within `within_s`, once for every call made meanwhile: sixteen
+        routers that each report at once as they begin to ask for a tenant make one new
+        table, not sixteen."""
+        if self.soon is None:
+            self.soon = asyncio.get_running_loop().call_later(within_s, self._woken)
+
+    def _woken(self) -> None:
+        self.soon = None
+        self.wake.set()
 
     async def after_next_tick(self, timeout: float) -> bool:
         """Wake the tick loop and wait until the tick after now is over (False: not within
