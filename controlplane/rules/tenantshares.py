@@ -46,6 +46,9 @@ import orjson
 from controlplane.vocabulary.idle import ReportError
 
 FLOOR_SHARE = 0.02
+# Of each rate, kept aside for the routers not named (new to a tenant, or cut off): each takes
+# its part, this over every router heard, so that together they stay within it.
+RESERVED_SHARE = 0.01
 SHARE_LEASE_S = 15.0  # a router keeps its share this long after last hearing the table
 DEMAND_SMOOTHING = 0.5  # weight of the newest rate in the moving average
 ROUTER_GONE_S = 30.0  # a router not heard from this long leaves the split
@@ -213,6 +216,7 @@ class TenantLedger:
         self.keys_used: dict[str, float] = {}  # key id -> wall time last used
         self.published: dict[str, dict[str, list[float]]] = {}  # tenant -> router -> shares
         self.published_at: dict[str, float] = {}  # tenant -> when its shares last moved
+        self.spared: dict[str, list[bool]] = {}  # tenant -> `spare` as its shares were dealt
         # tenant -> router -> the most requests in flight it wanted at once: since the last
         # publication, and as last used
         self.wanted: dict[str, dict[str, float]] = {}
@@ -361,7 +365,7 @@ class TenantLedger:
 
     def forget_tenant(self, tenant: str) -> None:
         for by_tenant in (self.demand, self.published, self.published_at, self.wanted,
-                          self.wanted_used, self.lowered, self.held):  # fmt: skip
+                          self.wanted_used, self.lowered, self.held, self.spared):  # fmt: skip
             by_tenant.pop(tenant, None)
         self.inherited.discard(tenant)
         self.dirty.add(SHARES_ROW + tenant)
@@ -404,6 +408,7 @@ class TenantLedger:
             self.inherited.discard(tenant)
         routers = self.askers(tenant)
         if not routers or not (rpm or tpm or in_flight):
+            self.spared.pop(tenant, None)
             if self.published.pop(tenant, None) is not None:
                 self.dirty.add(SHARES_ROW + tenant)
             return {}
@@ -412,8 +417,9 @@ class TenantLedger:
         if same_routers and held and not self._waiting_for_slots(tenant, old):
             return old
         asked = {r: demands.get(r, [0.0, 0.0]) for r in routers}
-        by_requests = split(rpm, {r: asked[r][0] for r in routers}) if rpm else {}
-        by_tokens = split(tpm, {r: asked[r][1] for r in routers}) if tpm else {}
+        dealt = 1.0 - RESERVED_SHARE
+        by_requests = split(rpm * dealt, {r: asked[r][0] for r in routers}) if rpm else {}
+        by_tokens = split(tpm * dealt, {r: asked[r][1] for r in routers}) if tpm else {}
         by_flight = self._split_in_flight(tenant, in_flight, routers, old) if in_flight else {}
         fresh = {r: [by_requests.get(r), by_tokens.get(r), by_flight.get(r)] for r in routers}
         if same_routers and all(
@@ -424,10 +430,26 @@ class TenantLedger:
         ):
             return old
         rounded = {r: [_round(v) for v in values] for r, values in fresh.items()}
+        self.spared[tenant] = self._spare_now(tenant, rpm, tpm)
         self.published[tenant] = rounded
         self.dirty.add(SHARES_ROW + tenant)
         self.published_at[tenant] = self.clock
         return rounded
+
+    def spare(self, tenant: str) -> list[bool]:
+        """Whether the routers asking for `tenant` together asked for less than is dealt of
+        each rate when its shares were last dealt: a router over its share may then wait for
+        it to grow, where otherwise the limit is reached fleet-wide and the answer is 429.
+        Taken with the shares, so it moves no more often than they do; not known (shares a
+        former leader dealt), no: the answer is 429 as before waiting was possible."""
+        return self.spared.get(tenant, [False, False])
+
+    def _spare_now(self, tenant: str, rpm: int | None, tpm: int | None) -> list[bool]:
+        demands = self.demand.get(tenant, {}).values()
+        return [
+            bool(limit) and sum(rates[i] for rates in demands) < limit * (1.0 - RESERVED_SHARE)
+            for i, limit in enumerate((rpm, tpm))
+        ]
 
     def _waiting_for_slots(self, tenant: str, old: dict) -> bool:
         """Whether a router wanted more requests in flight than its share since the last
@@ -561,6 +583,8 @@ def tenant_table(tenants: dict, keys: dict, ledger: TenantLedger, auth: str = ""
         "auth": auth or "tenants",
         "share_lease_s": SHARE_LEASE_S,
         "floor_share": FLOOR_SHARE,
+        "reserved_share": RESERVED_SHARE,
+        "routers": max(1, len(ledger.last)),
         "tenants": {
             tenant.name: {
                 "models": tenant.models,
@@ -579,6 +603,7 @@ def tenant_table(tenants: dict, keys: dict, ledger: TenantLedger, auth: str = ""
                     tenant.tokens_per_minute,
                     tenant.max_in_flight,
                 ),
+                "spare": ledger.spare(tenant.name),  # as the shares just dealt found it
             }
             for tenant in sorted(tenants.values(), key=lambda t: t.name)
         },

@@ -151,6 +151,9 @@ class ProxyContext:
                 self.pools.pop(url).close()
 
     def sweep(self) -> None:
+        # A rate's bucket refills with time, not only when a table or a request's end comes.
+        for name in list(self.share_waiting):
+            self.admit_share_waiters(name)
         now = self.clock()
         for conn in list(self.connections):
             conn.check_deadlines(now)
@@ -231,7 +234,9 @@ class ProxyContext:
         leased = now < self.tenants.lease_until
         while queue:
             exchange = queue[0]
-            if exchange.tenant.take(now, exchange.reserved, leased):
+            refused = exchange.tenant.take(now, exchange.reserved, leased)
+            if refused:
+                exchange.over_share = refused
                 break
             queue.popleft()
             exchange.tenant.waiting -= 1

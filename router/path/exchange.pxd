@@ -63,13 +63,13 @@ cdef class Exchange(ResponseListener):
     cdef public bint cut
     cdef public object trace
     cdef public int way  # an adapter's request: how it was served (exchange.py's WAY_*)
-    cdef public bint over_share
+    cdef public int over_share
 
     cdef void begin(self, ClientSide client, tuple target, _wire.Request request, bytes request_id, object key, TenantState tenant=*, double reserved=*) except *
     @cython.locals(allowed=long, to=long)
     cpdef void _move(self, object stage) except *
     cpdef void start(self)
-    cpdef void wait_for_share(self) except *
+    cpdef void wait_for_share(self, int refused) except *
     cpdef void share_granted(self) except *
     cdef void _refuse_over_share(self) except *
     @cython.locals(table=_fastpath.EndpointTable, slot=long, now=double)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from enum import IntEnum
 
 from router.path.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
@@ -29,7 +30,6 @@ from router.tenancy.tenants import (
     BYTES_PER_TOKEN,
     COMPLETION_TOKENS,
     LIMIT_NAMES,
-    OVER_IN_FLIGHT,
     PROMPT_TOKENS,
     SHARE_WAIT_S,
 )
@@ -133,7 +133,8 @@ class Exchange(ResponseListener):
         self.tail = b""
         self.events = 0
         self.queued_at = 0.0  # when it began to wait for a slot of a saturated model
-        self.over_share = False  # waiting for its tenant's share here (not yet admitted)
+        # Waiting for its tenant's share here (not yet admitted): the limit that refuses it.
+        self.over_share = 0
         self.cut = False  # its answer broke off after it began
         # Its span (router/telemetry/tracing.py) when traces are on and it was sampled; else None.
         self.trace = None if self.ctx.tracing is None else self._sampled(request, request_id)
@@ -272,24 +273,27 @@ class Exchange(ResponseListener):
         load, reported, _ = table.load_of(slot)
         self.trace.picked(table.endpoint_id(slot) or "?", load, reported, len(self.tried) + 1)
 
-    def wait_for_share(self) -> None:
-        """Over this router's share of its tenant's max_in_flight while the control plane
-        may grow it: it waits (SHARE_WAIT_S at most, or the park timeout) rather than being
-        refused; only a share that did not grow in that time answers 429."""
-        self.over_share = True
+    def wait_for_share(self, refused: int) -> None:
+        """Over this router's share of one of its tenant's limits (`refused`) while the
+        control plane may grow it: it waits (SHARE_WAIT_S at most, or the park timeout)
+        rather than being refused; only a share that did not grow in that time answers 429."""
+        self.over_share = refused
         self._move(WAITING)
         self.deadline = self.started + min(SHARE_WAIT_S, self.ctx.config.park_timeout_s)
         self.ctx.wait_for_share(self)
 
     def share_granted(self) -> None:
         """Admitted by its tenant's share (counted in flight): on to a replica."""
-        self.over_share = False
+        self.over_share = 0
         self.resume()
 
     def _refuse_over_share(self) -> None:
-        what = LIMIT_NAMES[OVER_IN_FLIGHT]
-        message = f"Rate limit reached for tenant {self.tenant.name} on {what}; retry in 1s."
-        self._finish(429, error=(message, "rate_limit_exceeded"), extra=b"retry-after: 1\r\n")
+        refused = self.over_share
+        retry = max(1, math.ceil(self.tenant.retry_after(refused)))
+        what = LIMIT_NAMES[refused]
+        message = f"Rate limit reached for tenant {self.tenant.name} on {what}; retry in {retry}s."
+        extra = b"retry-after: %d\r\n" % retry
+        self._finish(429, error=(message, "rate_limit_exceeded"), extra=extra)
 
     def resume(self) -> None:
         """A replica of its model has arrived: pick again."""

@@ -28,7 +28,6 @@ from router.tenancy.tenants import (
     BAD_BOUND,
     LIMIT_NAMES,
     NO_BOUND,
-    OVER_IN_FLIGHT,
     completion_bound,
     tokens_asked,
 )
@@ -177,7 +176,7 @@ class ClientConnection(ClientSide):
                         return
                 now = monotonic()
                 refused = tenant.admit(now, reserved, now < ctx.tenants.lease_until)
-                if refused and not (refused == OVER_IN_FLIGHT and ctx.shares_grow):
+                if refused and not (ctx.shares_grow and tenant.may_wait(refused)):
                     self.refuse_over_limit(tenant, refused, routed[0], request_id)
                     return
             mode = ctx.affinity_by_model.get(routed[0], ctx.affinity)
@@ -191,7 +190,7 @@ class ClientConnection(ClientSide):
             self.exchange = exchange
             ctx.metrics.in_flight += 1
             if refused:  # over this router's share, which the control plane may grow
-                exchange.wait_for_share()
+                exchange.wait_for_share(refused)
             else:
                 exchange.start()
             return

@@ -53,11 +53,13 @@ cdef class TenantState:
     cdef public double share_requests, share_tokens, floor_requests, floor_tokens
     cdef public long share_in_flight, floor_in_flight
     cdef public long waiting
+    cdef public bint named, spare_requests, spare_tokens
 
     cpdef bint may_call(self, str model) except -1
     @cython.locals(asking=long)
     cpdef int admit(self, double now, double tokens, bint leased) except -1
     cpdef int take(self, double now, double tokens, bint leased) except -1
+    cpdef bint may_wait(self, int refused) except -1
     @cython.locals(requests=double, tokens_share=double, most=long)
     cdef int _take(self, double now, double tokens, bint leased) except -1
     cpdef double retry_after(self, int refused) except -1

@@ -15,6 +15,14 @@ this router's share per minute and holds at most a minute of it:
 A share holds while the lease from the last word of the control plane runs; after it, the
 floor (a router cut off cannot go on spending a share the others were given meanwhile).
 
+The floor of a rate is a router's part of what the control plane keeps aside of the limit
+(`reserved_share` of it) for the routers it has not named yet or has lost: that part split over
+every router it hears (`routers`), so that however many begin to ask at once they stay within
+it together. A named router's buckets start with a second of its share, not a minute. A request
+over the share waits for it to grow (SHARE_WAIT_S) where it can: max_in_flight always (dealt
+on demand), a rate while this router is not named yet or the control plane says the tenant's
+fleet-wide total is not reached (`spare`); otherwise 429.
+
 Typed in tenants.pxd: compiled, the lookup and the checks are C calls.
 """
 
@@ -159,6 +167,9 @@ class TenantState:
         # This router's share of each limit, and the floor it falls to when its lease ends.
         self.share_requests = self.share_tokens = self.floor_requests = self.floor_tokens = 0.0
         self.share_in_flight = self.floor_in_flight = 1
+        # Named in the table's shares; whether the fleet-wide total of each rate is not reached.
+        self.named = False
+        self.spare_requests = self.spare_tokens = False
         self.waiting = 0  # its requests waiting here for this router's share to grow
         self.requests = None  # Buckets, made full at the first share
         self.tokens = None
@@ -172,9 +183,19 @@ class TenantState:
         self.usage: dict = {}  # model -> UsageRow
         self.waits: dict = {}  # model -> [count per WAIT_BUCKETS bucket, +Inf, sum]
 
-    def configure(self, rules: dict, share, floor_share: float, routers: int) -> None:
+    def configure(
+        self,
+        rules: dict,
+        share,
+        floor_share: float,
+        askers: int,
+        routers: int = 0,
+        reserved_share: float = 0.0,
+    ) -> None:
         """`rules`: the tenant's part of the table (with `strict_in_flight` from a control
-        plane that deals max_in_flight strictly)."""
+        plane that deals max_in_flight strictly, and `spare`). `askers`: the routers named in
+        its shares; `routers`: every router the control plane hears (0: not said), which
+        share `reserved_share` of each rate while not named."""
         self.patterns = tuple(rules.get("models") or ())
         self.allowed = {}
         self.requests_per_minute = float(rules.get("requests_per_minute") or 0)
@@ -189,7 +210,13 @@ class TenantState:
         self.requests_prefix = _header_prefix(b"requests", self.requests_per_minute)
         self.tokens_prefix = _header_prefix(b"tokens", self.tokens_per_minute)
         limits = (self.requests_per_minute, self.tokens_per_minute, float(self.max_in_flight))
-        floor = [min(limit * floor_share, limit / max(routers, 1)) for limit in limits]
+        floor = [min(limit * floor_share, limit / max(askers, 1)) for limit in limits]
+        if routers:  # the part kept aside for routers not named, split over all of them
+            floor[0] = limits[0] * (reserved_share or floor_share) / routers
+            floor[1] = limits[1] * (reserved_share or floor_share) / routers
+        spare = rules.get("spare") or (False, False)
+        self.spare_requests, self.spare_tokens = bool(spare[0]), bool(spare[1])
+        self.named = share is not None
         given = floor
         if share is not None:
             given = [
@@ -209,10 +236,15 @@ class TenantState:
         # max_in_flight between them, and fewer requests than workers leave some without.
         self.share_in_flight = int(given[2]) if dealt else self.floor_in_flight
         if self.requests is None:
-            # A second of the share, or the floor's minute where that is more (the floor is
-            # what a router new to the tenant may spend before the control plane names it).
-            self.requests = Bucket(given[0], self.created, max(given[0] / 60, floor[0]), 1.0)
-            self.tokens = Bucket(given[1], self.created, max(given[1] / 60, floor[1]))
+            # A second of the share; not named, the floor's minute: what a router new to the
+            # tenant may spend before the control plane names it.
+            start = [given[0] / 60, given[1] / 60] if self.named else floor
+            self.requests = Bucket(given[0], self.created, start[0], 1.0 if self.named else 0.0)
+            self.tokens = Bucket(given[1], self.created, start[1])
+        else:
+            # A share under one request a minute still admits one in its time; the floor of a
+            # router not named does not (it waits to be named), or it would grow with routers.
+            self.requests.least = 1.0 if self.named else 0.0
 
     def may_call(self, model: str) -> bool:
         if not self.patterns:
@@ -237,6 +269,13 @@ class TenantState:
         if asking > self.wanted_in_flight:
             self.wanted_in_flight = asking
         return self._take(now, tokens, leased)
+
+    def may_wait(self, refused: int) -> bool:
+        """Whether a request refused by this router's share (`refused`) may wait for the
+        share to grow, the control plane dealing shares on demand."""
+        if refused == OVER_IN_FLIGHT or not self.named:
+            return True
+        return self.spare_requests if refused == OVER_REQUESTS else self.spare_tokens
 
     def take(self, now: float, tokens: float, leased: bool) -> int:
         """admit() for a request already counted as asked for (one that waited)."""
@@ -433,11 +472,15 @@ class TenantBook:
         self.required = part.get("auth") == "tenants"
         self.share_lease_s = float(part.get("share_lease_s") or self.share_lease_s)
         floor_share = float(part.get("floor_share") or 0.02)
+        routers = int(part.get("routers") or 0)
+        reserved_share = float(part.get("reserved_share") or 0.0)
         tenants = {}
         for name, body in rules.items():
             tenant = self.tenants.get(name) or TenantState(name, now)
             shares = body.get("shares") or {}
-            tenant.configure(body, shares.get(router_id), floor_share, len(shares) or 1)
+            tenant.configure(
+                body, shares.get(router_id), floor_share, len(shares) or 1, routers, reserved_share
+            )
             tenants[name] = tenant
         if self.file_keys:
             tenants[KEYS_FILE_TENANT] = self.tenants[KEYS_FILE_TENANT]

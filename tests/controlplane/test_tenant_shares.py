@@ -1,7 +1,7 @@
 """Each tenant's limits split among the routers that asked for it: a limit's excess does not
 grow with the routers that never did, and max_in_flight is split like the rates."""
 
-from controlplane.rules.tenantshares import TenantLedger
+from controlplane.rules.tenantshares import RESERVED_SHARE, TenantLedger, tenant_table
 from router.tenancy.tenants import ADMITTED, OVER_IN_FLIGHT, TenantState
 
 
@@ -26,7 +26,31 @@ def test_a_router_that_never_asked_for_a_tenant_gets_no_share_of_it():
     for idle in (2, 15, 47):
         shares = routers_asking(1, idle).shares("acme", 600, None, None)
         assert list(shares) == ["busy-0"], "idle routers hold nothing of acme's limit"
-        assert shares["busy-0"][0] == 600, f"with {idle} idle routers the asker has it all"
+        dealt = 600 * (1 - RESERVED_SHARE)  # the rest is kept aside for routers not named yet
+        assert shares["busy-0"][0] == dealt, f"with {idle} idle routers the asker has it all"
+
+
+def test_the_table_says_how_many_routers_share_what_is_kept_aside_and_whether_there_is_room():
+    """Every router heard (asking or not) takes its part of what is kept aside when it is not
+    named; `spare` says whether the askers together asked for less than was dealt."""
+    from types import SimpleNamespace
+
+    def table(asked_per_minute: float) -> dict:
+        ledger = TenantLedger()
+        for now in (0.0, 60.0, 120.0):
+            report(ledger, "busy-0", now, asked_per_minute * now / 60.0 or 0.001)
+            for i in range(3):
+                report(ledger, f"idle-{i}", now)
+        acme = SimpleNamespace(
+            name="acme", models=[], requests_per_minute=600, tokens_per_minute=None,
+            max_in_flight=None, weight=1.0, priority=0, default_max_tokens=256,
+        )  # fmt: skip
+        return tenant_table({"acme": acme}, {}, ledger)
+
+    under, flooded = table(100.0), table(6000.0)
+    assert under["routers"] == flooded["routers"] == 4
+    assert under["tenants"]["acme"]["spare"] == [True, False], "100 of 600 a minute: room"
+    assert flooded["tenants"]["acme"]["spare"] == [False, False], "10 times it: none"
 
 
 def test_max_in_flight_is_split_among_the_routers_that_asked():

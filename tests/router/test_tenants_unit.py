@@ -41,17 +41,17 @@ def test_requests_are_admitted_at_the_share_and_refused_beyond():
     assert tenant.admit(61.01, 0, True) == ADMITTED
 
 
-def test_a_new_router_starts_with_the_floors_allowance_not_a_minute_of_its_share():
+def test_a_named_router_starts_with_a_second_of_its_share_not_a_minute():
     """A router restarted in a loop must not hand out a whole minute's share each time."""
     tenant = TenantState("t", 0.0)
     tenant.configure({"requests_per_minute": 6000}, [6000.0, None, None], FLOOR_SHARE, 1)
-    assert sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(1000)) == 120, "2%"
+    assert sum(tenant.admit(0.0, 0, True) == ADMITTED for _ in range(1000)) == 100, "a second"
     big = TenantState("t", 0.0)
     big.configure({"requests_per_minute": 600_000}, [600_000.0, None, None], FLOOR_SHARE, 1)
-    assert sum(big.admit(0.0, 0, True) == ADMITTED for _ in range(20_000)) == 12_000
+    assert sum(big.admit(0.0, 0, True) == ADMITTED for _ in range(20_000)) == 10_000
     tokens = limited(tokens_per_minute=60_000)
     taken = [tokens.admit(0.0, 600, True) for _ in range(3)]
-    assert taken == [ADMITTED, ADMITTED, OVER_TOKENS], "2% of 60,000: 1,200"
+    assert taken == [ADMITTED, ADMITTED, OVER_TOKENS], "a second of 60,000: 1,000"
     slow = TenantState("t", 0.0)
     slow.configure({"requests_per_minute": 2}, [0.5, None, None], FLOOR_SHARE, 4)
     assert slow.admit(0.0, 0, True) == ADMITTED, "a share under one a minute still admits one"
@@ -59,14 +59,43 @@ def test_a_new_router_starts_with_the_floors_allowance_not_a_minute_of_its_share
     assert slow.admit(120.0, 0, True) == ADMITTED
 
 
+def test_routers_not_named_share_what_is_kept_aside_however_many_begin_at_once():
+    """The part of a limit kept aside (FLOOR_SHARE) split over every router heard: sixteen
+    routers new to a tenant admit together no more than it, where each admitted 2% before."""
+    routers = 16
+    newcomers = []
+    for _ in range(routers):
+        tenant = TenantState("t", 0.0)
+        tenant.configure({"tokens_per_minute": 6000}, None, FLOOR_SHARE, 1, routers)
+        newcomers.append(tenant)
+    taken = sum(
+        1 for tenant in newcomers for _ in range(100) if tenant.admit(0.0, 1, True) == ADMITTED
+    )
+    assert taken <= 6000 * FLOOR_SHARE + routers, "within what is kept aside, give or take one"
+    assert all(tenant.may_wait(OVER_TOKENS) for tenant in newcomers), "they wait to be named"
+    few = TenantState("t", 0.0)
+    few.configure({"requests_per_minute": 600}, None, FLOOR_SHARE, 1, routers)
+    assert few.admit(0.0, 0, True) == OVER_REQUESTS, "under one request: none until named"
+
+
+def test_a_named_router_waits_on_a_rate_only_while_the_fleet_has_room():
+    tenant = TenantState("t", 0.0)
+    rules = {"requests_per_minute": 600, "tokens_per_minute": 6000, "spare": [True, False]}
+    tenant.configure(rules, [200.0, 2000.0, None], FLOOR_SHARE, 3, 3)
+    assert tenant.may_wait(OVER_REQUESTS) and not tenant.may_wait(OVER_TOKENS)
+    assert tenant.may_wait(OVER_IN_FLIGHT), "max_in_flight is dealt on demand"
+    tenant.configure({**rules, "spare": [False, False]}, [200.0, 2000.0, None], FLOOR_SHARE, 3)
+    assert not tenant.may_wait(OVER_REQUESTS), "the limit is reached fleet-wide: 429"
+
+
 def test_a_lapsed_lease_falls_to_the_floor():
     tenant = TenantState("t", 0.0)
-    tenant.configure({"requests_per_minute": 6000}, [3000.0, None, None], FLOOR_SHARE, 2)
+    tenant.configure({"requests_per_minute": 6000}, [3000.0, None, None], FLOOR_SHARE, 2, 4)
     tenant.requests.level = 0.0
     assert tenant.admit(1.0, 0, True) == ADMITTED  # 50 a second under the share
     tenant.requests.level = 0.0
     tenant.admit(2.0, 0, False)
-    assert tenant.requests.per_minute == 6000 * FLOOR_SHARE
+    assert tenant.requests.per_minute == 6000 * FLOOR_SHARE / 4, "its part of what is aside"
 
 
 def test_tokens_are_taken_whole_and_settled_from_the_engines_usage():
