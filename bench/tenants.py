@@ -15,6 +15,7 @@ and three tenants, each with its own key, sent through the routers' HTTP like an
     B   weight 3
     C   requests_per_minute 600, sending ten times that, 80% of it through one router
     D   max_in_flight 32 and nothing else, holding 48 streams open spread over the routers
+    E   tokens_per_minute 6,000, sending three times that, 80% of it through one router
 
 The phases, one after the other on the same processes:
 1. A and B stream from `chat` at 15 requests/s each, spread over the routers: p99 TTFT alone.
@@ -24,6 +25,8 @@ The phases, one after the other on the same processes:
    with demand; more than a few a second is churn).
 3. A and B each keep 6 requests per router on `busy`: completions A:B.
 4. D's 48 streams on `slow`: the most of D's requests in flight at once, across the routers.
+5. E's flood on `chat`: the tokens it was admitted (prompt and completion, as the engines'
+   `usage` says), over the routers together, measured after the shares settled (`--warmup`).
 
     python -m bench.tenants [--seconds 10] [--warmup 10] [--routers 3] [--workers 1]
 
@@ -57,12 +60,16 @@ C_LIMIT = 600  # requests per minute
 C_RATE = 100.0  # requests per second: ten times its limit
 C_FIRST = 0.8  # of C's requests, through the first router; the rest spread over the others
 AB_RATE = 15.0  # requests per second each, in phases 1 and 2
+E_LIMIT = 6000  # tokens per minute
+E_MAX_TOKENS = 40  # each request's bound; the sim engine generates 8
+E_RATE = 30.0  # requests per second: about three times its limit in the tokens it uses
 WAITING_PER_ROUTER = 6  # phase 3: requests each of A and B keeps at each router
 TENANTS = {
     "a": {"name": "a", "weight": 1},
     "b": {"name": "b", "weight": 3},
     "c": {"name": "c", "requests_per_minute": C_LIMIT},
     "d": {"name": "d", "max_in_flight": D_IN_FLIGHT},
+    "e": {"name": "e", "tokens_per_minute": E_LIMIT},
 }
 ENGINES = {"chat": CHAT_ENGINE, "busy": BUSY_ENGINE, "slow": SLOW_ENGINE}
 REPLICAS = {"chat": CHAT_REPLICAS, "busy": BUSY_REPLICAS, "slow": SLOW_REPLICAS}
@@ -155,18 +162,23 @@ def _serves(router: str, key: str) -> bool:
 class Tally:
     ttft: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (at, seconds)
     answers: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # (at, status)
+    tokens: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # (at, used)
 
     def in_window(self, tenant: str, began: float, ended: float, status: int = 200) -> int:
         return sum(
             1 for at, code in self.answers.get(tenant, ()) if began <= at < ended and code == status
         )
 
+    def tokens_in(self, tenant: str, began: float, ended: float) -> int:
+        return sum(used for at, used in self.tokens.get(tenant, ()) if began <= at < ended)
+
     def ttft_in(self, tenants, began: float, ended: float) -> list[float]:
         return [s for t in tenants for at, s in self.ttft.get(t, ()) if began <= at < ended]
 
 
-async def send(http, router, key, tenant, model, stream, tally: Tally) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+async def send(http, router, key, tenant, model, stream, tally: Tally, max_tokens=8) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    body["max_tokens"] = max_tokens
     if stream:
         body["stream"] = True
     headers = {"Authorization": f"Bearer {key}"}
@@ -181,13 +193,20 @@ async def send(http, router, key, tenant, model, stream, tally: Tally) -> None:
                         now = time.monotonic()
                         tally.ttft.setdefault(tenant, []).append((now, now - began))
                         break
-            await resp.read()
+            answer = await resp.read()
     except (TimeoutError, aiohttp.ClientError):
         status = -1
-    tally.answers.setdefault(tenant, []).append((time.monotonic(), status))
+    now = time.monotonic()
+    tally.answers.setdefault(tenant, []).append((now, status))
+    if status == 200 and not stream:
+        usage = json.loads(answer).get("usage") or {}
+        used = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+        tally.tokens.setdefault(tenant, []).append((now, used))
 
 
-async def open_loop(http, routers, weights, key, tenant, model, stream, rate, until, tally):
+async def open_loop(
+    http, routers, weights, key, tenant, model, stream, rate, until, tally, max_tokens=8
+):
     """`rate` requests a second until `until`, each to a router drawn by `weights` in turn."""
     sent, order = [], []
     for index, weight in enumerate(weights):
@@ -197,7 +216,8 @@ async def open_loop(http, routers, weights, key, tenant, model, stream, rate, un
     count = 0
     while time.monotonic() < until:
         router = routers[order[count % len(order)]]
-        sent.append(asyncio.create_task(send(http, router, key, tenant, model, stream, tally)))
+        sending = send(http, router, key, tenant, model, stream, tally, max_tokens)
+        sent.append(asyncio.create_task(sending))
         count += 1
         delay = start + count / rate - loop.time()
         if delay > 0:
@@ -299,6 +319,13 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
             ),
             most_in_flight(http, slow, until),
         )
+        # 5: E's token flood
+        began = time.monotonic()
+        settled = began + warmup
+        until = settled + seconds
+        await open_loop(http, routers, c_split, keys["e"], "e", "chat", False, E_RATE, until,
+                        tally, E_MAX_TOKENS)  # fmt: skip
+        e_tokens = tally.tokens_in("e", settled, until)
     lost = sum(
         1 for answers in tally.answers.values() for _, status in answers if status not in (200, 429)
     )
@@ -312,6 +339,8 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
         "c_limit_per_min": C_LIMIT,
         "c_admitted_per_min": round(c_admitted * 60.0 / seconds, 1),
         "c_refused_per_min": round(c_refused * 60.0 / seconds, 1),
+        "e_limit_tokens_per_min": E_LIMIT,
+        "e_admitted_tokens_per_min": round(e_tokens * 60.0 / seconds, 1),
         "completed_a": completed["a"],
         "completed_b": completed["b"],
         "b_over_a": round(completed["b"] / max(1, completed["a"]), 3),
