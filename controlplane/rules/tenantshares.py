@@ -48,7 +48,7 @@ from controlplane.vocabulary.idle import ReportError
 FLOOR_SHARE = 0.02
 # Of each rate, kept aside for the routers not named (new to a tenant, or cut off): each takes
 # its part, this over every router heard, so that together they stay within it.
-RESERVED_SHARE = 0.01
+RESERVED_SHARE = 0.005
 SHARE_LEASE_S = 15.0  # a router keeps its share this long after last hearing the table
 DEMAND_SMOOTHING = 0.5  # weight of the newest rate in the moving average
 ROUTER_GONE_S = 30.0  # a router not heard from this long leaves the split
@@ -72,13 +72,16 @@ def floor_of(limit: float, routers: int) -> float:
 
 
 def split(limit: float, demands: dict[str, float]) -> dict[str, float]:
-    """Each router's per-minute share of `limit` from its demand (per minute)."""
+    """Each router's per-minute share of `limit` from its demand (per minute). The floor is
+    each router's only as far as it asks: sixteen routers that once asked and now ask
+    nothing held 2% each, a third of the limit that the routers asking could not use."""
     if not demands:
         return {}
     floor = floor_of(limit, len(demands))
-    rest = max(0.0, limit - floor * len(demands))
-    wants = {router: max(0.0, demand - floor) for router, demand in demands.items()}
-    return {router: floor + given for router, given in by_demand(rest, wants).items()}
+    floors = {router: min(floor, demand) for router, demand in demands.items()}
+    rest = max(0.0, limit - sum(floors.values()))
+    wants = {router: max(0.0, demand - floors[router]) for router, demand in demands.items()}
+    return {router: floors[router] + given for router, given in by_demand(rest, wants).items()}
 
 
 def split_fair(limit: int, wanted: dict[str, float | None]) -> dict[str, int]:

@@ -197,12 +197,20 @@ def test_a_full_tenant_queue_refuses_and_leaves_the_others_room():
     st.floats(1, 1e9),
     st.dictionaries(st.text(min_size=1, max_size=3), st.floats(0, 1e9), min_size=1, max_size=20),
 )
-def test_shares_add_up_to_the_limit_and_each_has_its_floor(limit, demands):
+def test_shares_add_up_to_the_limit_and_each_has_its_floor_as_far_as_it_asks(limit, demands):
     shares = split(limit, demands)
     assert set(shares) == set(demands)
     assert abs(sum(shares.values()) - limit) <= 1e-6 * limit
     floor = min(limit * FLOOR_SHARE, limit / len(demands))
-    assert all(share >= floor * (1 - 1e-9) for share in shares.values())
+    for router, share in shares.items():
+        assert share >= min(floor, demands[router]) * (1 - 1e-9), "its floor, as far as it asks"
+
+
+def test_a_router_that_asks_nothing_now_holds_no_floor_while_the_others_flood():
+    demands = {f"w{i}": 0.0 for i in range(12)} | {"a": 9000.0, "b": 3000.0}
+    shares = split(6000, demands)
+    assert all(shares[f"w{i}"] == 0.0 for i in range(12)), shares
+    assert abs(shares["a"] + shares["b"] - 6000) < 1e-6 and shares["a"] > 2 * shares["b"]
 
 
 def test_shares_follow_demand_when_it_exceeds_the_limit():
