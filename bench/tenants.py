@@ -16,8 +16,11 @@ and three tenants, each with its own key, sent through the routers' HTTP like an
     C   requests_per_minute 600, sending ten times that, 80% of it through one router
     D   max_in_flight 32 and nothing else, holding 48 streams open spread over the routers
     E   tokens_per_minute 6,000, sending three times that, 80% of it through one router
+    F   requests_per_minute 600 and max_in_flight 16, new to every router: one burst
 
 The phases, one after the other on the same processes:
+0. F's first burst, FIRST_BURST requests at once spread over the routers, none of which has
+   seen F: under both its limits, so every one is answered (none refused).
 1. A and B stream from `chat` at 15 requests/s each, spread over the routers: p99 TTFT alone.
 2. The same with C's flood on `chat`: A's and B's p99 TTFT with C present, and C's admitted
    rate over the routers together, measured after the shares settled (`--warmup`).
@@ -26,7 +29,9 @@ The phases, one after the other on the same processes:
 3. A and B each keep 6 requests per router on `busy`: completions A:B.
 4. D's 48 streams on `slow`: the most of D's requests in flight at once, across the routers.
 5. E's flood on `chat`: the tokens it was admitted (prompt and completion, as the engines'
-   `usage` says), over the routers together, measured after the shares settled (`--warmup`).
+   `usage` says), over the routers together, measured after the shares settled (`--warmup`),
+   over twice the others' window: at sixteen routers a 10 s window of a steady flood reads
+   93-102% of the limit, one request or two more or less at each bucket.
 
     python -m bench.tenants [--seconds 10] [--warmup 10] [--routers 3] [--workers 1]
 
@@ -70,7 +75,9 @@ TENANTS = {
     "c": {"name": "c", "requests_per_minute": C_LIMIT},
     "d": {"name": "d", "max_in_flight": D_IN_FLIGHT},
     "e": {"name": "e", "tokens_per_minute": E_LIMIT},
+    "f": {"name": "f", "requests_per_minute": 600, "max_in_flight": 16},
 }
+FIRST_BURST = 16
 ENGINES = {"chat": CHAT_ENGINE, "busy": BUSY_ENGINE, "slow": SLOW_ENGINE}
 REPLICAS = {"chat": CHAT_REPLICAS, "busy": BUSY_REPLICAS, "slow": SLOW_REPLICAS}
 
@@ -266,6 +273,14 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(60)
     ) as http:
+        # 0: F's first burst, through routers new to it
+        await asyncio.gather(
+            *(
+                send(http, routers[i % len(routers)], keys["f"], "f", "chat", False, tally)
+                for i in range(FIRST_BURST)
+            )
+        )
+        f_statuses = sorted(status for _, status in tally.answers.get("f", ()))
         # 1: A and B alone
         began = time.monotonic()
         until = began + seconds
@@ -322,7 +337,7 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
         # 5: E's token flood
         began = time.monotonic()
         settled = began + warmup
-        until = settled + seconds
+        until = settled + 2 * seconds
         await open_loop(http, routers, c_split, keys["e"], "e", "chat", False, E_RATE, until,
                         tally, E_MAX_TOKENS)  # fmt: skip
         e_tokens = tally.tokens_in("e", settled, until)
@@ -339,8 +354,9 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
         "c_limit_per_min": C_LIMIT,
         "c_admitted_per_min": round(c_admitted * 60.0 / seconds, 1),
         "c_refused_per_min": round(c_refused * 60.0 / seconds, 1),
+        "f_first_burst": f_statuses,
         "e_limit_tokens_per_min": E_LIMIT,
-        "e_admitted_tokens_per_min": round(e_tokens * 60.0 / seconds, 1),
+        "e_admitted_tokens_per_min": round(e_tokens * 60.0 / (2 * seconds), 1),
         "completed_a": completed["a"],
         "completed_b": completed["b"],
         "b_over_a": round(completed["b"] / max(1, completed["a"]), 3),

@@ -4,6 +4,7 @@ three routers and one at sixteen: 4 routers of 4 workers, each worker a router o
 - C, sending ten times its 600 requests/min, is admitted within 5% of its limit, summed over the
   routers;
 - E, sending three times its 6,000 tokens/min, is admitted within 5% of it (the engines' usage);
+- F's first burst, under its limits through routers new to it, is never refused;
 - D, with only max_in_flight 32, holds its streams across the routers: never more than 32 at
   once, and most of them (at least 24 of its 48 asking);
 - shares do not churn: at most one route version a second during C's flood;
@@ -18,7 +19,7 @@ import pytest
 
 from bench.figures import record
 from bench.paired_gate import run_paired
-from bench.tenants import measure
+from bench.tenants import FIRST_BURST, measure
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,10 @@ def scale(request):
 def test_a_tenants_limit_holds_across_the_routers(scale):
     limit = scale["c_limit_per_min"]
     assert abs(scale["c_admitted_per_min"] - limit) <= 0.05 * limit, scale
+
+
+def test_a_fresh_tenants_first_burst_under_its_limits_is_never_refused(scale):
+    assert scale["f_first_burst"] == [200] * FIRST_BURST, scale
 
 
 def test_a_tenants_tokens_hold_across_the_routers(scale):
