@@ -16,13 +16,17 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(VENV)/.built-by-install
 	touch $(STAMP)
 
-# A changed .pxd rebuilds every module: the modules that cimport it embed its layouts. On a
-# fresh clone the install has just built them all, so nothing is forced then.
+# A changed .pxd rebuilds every module: the modules that cimport it embed its layouts. Right
+# after an install nothing is built again: the editable install has just run build_ext in
+# place (Cython took the install's own copy of its headers as newer than the C it made, and
+# compiled every module a second time).
 $(BUILT): $(STAMP) $(COMPILED_SOURCES)
-	$(BIN)/python setup.py -q build_ext --inplace \
-	  $(if $(wildcard $(BUILT)),$(if $(filter %.pxd,$?),--force))
+	if [ -e $(VENV)/.built-by-install ]; then rm $(VENV)/.built-by-install; else \
+	  $(BIN)/python setup.py -q build_ext --inplace \
+	    $(if $(wildcard $(BUILT)),$(if $(filter %.pxd,$?),--force)); fi
 	touch $(BUILT)
 
 # The tests spend most of their time waiting on the real processes they start, so they run in
