@@ -79,11 +79,16 @@ TENANT = {
 
 
 def run(
-    requests: int, affinity: str = "prefix", clock=time.perf_counter, tenant: bool = False
+    requests: int,
+    affinity: str = "prefix",
+    clock=time.perf_counter,
+    tenant: bool = False,
+    traces: float = 0.0,
 ) -> float:
     """Seconds per request through the proxy's Python code, on `clock` (time.thread_time: the
     CPU this thread spent, which time taken by other processes of a shared machine leaves out).
-    `tenant`: the request's key is a tenant's, with its limits checked."""
+    `tenant`: the request's key is a tenant's, with its limits checked. `traces`: the share of
+    requests traced (their spans kept by an exporter whose collector does not answer)."""
 
     async def body() -> float:
         table = EndpointTable()
@@ -91,6 +96,10 @@ def run(
         ctx = ProxyContext(table, ProxyConfig(affinity=affinity))
         if tenant:
             ctx.tenants_changed(TENANT)
+        if traces:
+            from router.telemetry.tracing import Tracing
+
+            ctx.tracing = Tracing("http://127.0.0.1:9/v1/traces", traces)
         pool = ctx.pool_for("http://127.0.0.1:9")
         upstream = UpstreamConnection(pool)
         upstream.connection_made(RecordingTransport())

@@ -31,6 +31,7 @@ from router.tenancy.tenantsfile import read_tenants_file
 
 WAKE_IDS = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")  # a trace's and a span's ids, in hex
 log = logging.getLogger("gpurouter")
+SPANS_LAST_POST_S = 15.0  # at shutdown, for the last spans to reach the collector
 ACK_POLL_S = 0.05  # how often the last requests on a replica that left the table are looked at
 
 
@@ -247,7 +248,10 @@ class RouterServer:
                 pool.close()
             if ctx.tracing is not None:
                 # The last batch of spans goes out before the process ends.
-                await asyncio.to_thread(ctx.tracing.close)
+                try:
+                    await asyncio.wait_for(ctx.tracing.close(), SPANS_LAST_POST_S)
+                except TimeoutError:
+                    log.warning("the last spans were not sent within %s s", SPANS_LAST_POST_S)
             await session.close()
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)

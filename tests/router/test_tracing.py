@@ -1,6 +1,8 @@
 """Traces through the real processes: a client's traceparent -> the router's span -> the
 engine's span, sent to an OTLP receiver; nothing of OpenTelemetry loaded when traces are off."""
 
+import asyncio
+import socket
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -283,45 +285,54 @@ def test_posts_share_one_connection_and_one_the_collector_closed_is_opened_again
     from router.telemetry.tracing import OtlpJsonExporter, RequestTrace
 
     collector = Receiver(keep_alive=True)
-    exporter = OtlpJsonExporter(collector.url, "gpurouter", "test")
-    try:
 
-        def post_one():
+    async def scenario():
+        exporter = OtlpJsonExporter(collector.url, "gpurouter", "test")
+
+        async def post_one():
             trace = RequestTrace(exporter, 1, 2, 0, "chat", "m", b"id", b"/", False)
-            exporter._post([(trace, trace.start_ns, 200, None, -1, -1, False)])
+            await exporter._post([(trace, trace.start_ns, 200, None, -1, -1, False)])
 
-        post_one()
-        post_one()
-        ports = collector.post_ports
-        assert len(ports) == 2 and ports[0] == ports[1]
-        collector.drop_connections()
-        post_one()
-        assert len(ports) == 3 and ports[2] != ports[0]
-        assert (exporter.sent, exporter.failed) == (3, 0)
-        assert len(collector.of("gpurouter")) == 3
+        try:
+            await post_one()
+            await post_one()
+            ports = collector.post_ports
+            assert len(ports) == 2 and ports[0] == ports[1]
+            collector.drop_connections()
+            await post_one()
+            assert len(ports) == 3 and ports[2] != ports[0]
+            assert (exporter.sent, exporter.failed) == (3, 0)
+            assert len(collector.of("gpurouter")) == 3
+        finally:
+            await exporter.close()
+
+    try:
+        asyncio.run(scenario())
     finally:
-        exporter.close()
         collector.close()
 
 
 def test_a_collector_that_does_not_answer_is_not_asked_twice():
-    import http.client
-    import socket
-
     from router.telemetry.tracing import OtlpJsonExporter, RequestTrace
 
     frozen = socket.socket()
     frozen.bind(("127.0.0.1", 0))
     frozen.listen(8)  # takes connections, never reads nor answers
     port = frozen.getsockname()[1]
-    exporter = OtlpJsonExporter(f"http://127.0.0.1:{port}/v1/traces", "gpurouter", "test")
-    exporter.timeout_s = 0.3
-    # As if kept from an earlier post: a failure on a kept connection is what may be retried.
-    exporter.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=0.3)
-    try:
+
+    async def scenario():
+        exporter = OtlpJsonExporter(f"http://127.0.0.1:{port}/v1/traces", "gpurouter", "test")
+        exporter.timeout_s = 0.3
+        # As if kept from an earlier post: a failure on a kept connection is what may be
+        # retried.
+        exporter.connection = await asyncio.open_connection("127.0.0.1", port)
         trace = RequestTrace(exporter, 1, 2, 0, "chat", "m", b"id", b"/", False)
-        exporter._post([(trace, trace.start_ns, 200, None, -1, -1, False)])
+        await exporter._post([(trace, trace.start_ns, 200, None, -1, -1, False)])
         assert (exporter.sent, exporter.failed) == (0, 1)
+        await exporter.close()
+
+    try:
+        asyncio.run(scenario())
         frozen.settimeout(0.5)
         taken = [frozen.accept()[0]]
         frozen.settimeout(0.2)
@@ -333,8 +344,42 @@ def test_a_collector_that_does_not_answer_is_not_asked_twice():
             held.close()
         assert len(taken) == 1, f"posted on {len(taken)} connections"
     finally:
-        exporter.close()
         frozen.close()
+
+
+def test_spans_wait_for_a_batch_or_the_interval_and_the_last_go_out_at_close(monkeypatch):
+    """A batch's worth is posted at once; fewer wait for the interval, or for close."""
+    from router.telemetry import tracing
+    from router.telemetry.tracing import OtlpJsonExporter, RequestTrace
+
+    monkeypatch.setattr(tracing, "BATCH", 4)
+    collector = Receiver(keep_alive=True)
+
+    async def scenario():
+        exporter = OtlpJsonExporter(collector.url, "gpurouter", "test")
+
+        def put(count):
+            for _ in range(count):
+                trace = RequestTrace(exporter, 1, 2, 0, "chat", "m", b"id", b"/", False)
+                exporter.put((trace, trace.start_ns, 200, None, -1, -1, False))
+
+        put(4)  # a batch: posted at once
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if exporter.sent:
+                break
+        assert exporter.sent == 4
+        put(3)  # fewer: they wait for the interval
+        await asyncio.sleep(0.3)
+        assert exporter.sent == 4 and len(exporter.queue) == 3
+        await exporter.close()
+        assert (exporter.sent, exporter.failed, len(exporter.queue)) == (7, 0, 0)
+
+    try:
+        asyncio.run(scenario())
+        assert len(collector.of("gpurouter")) == 7
+    finally:
+        collector.close()
 
 
 class ParkedRequest:
