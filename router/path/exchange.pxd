@@ -94,6 +94,7 @@ cdef class Exchange(ResponseListener):
     cdef void _broke(self, object exc)
     @cython.locals(prompt=cython.longlong, completion=cython.longlong, waited=double)
     cdef void _settle(self, int status) except *
+    @cython.locals(most=Py_ssize_t, tail=bytes)
     cdef void _keep_tail(self, bytes data) except *
     cdef void _write(self, bytes data) except *
     cpdef void upstream_headers(self, int status, _wire.ResponseReader head) except *

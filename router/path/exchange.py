@@ -503,8 +503,9 @@ class Exchange(ResponseListener):
         """The answer's last bytes, where `usage` is, and its count of stream events."""
         if self.sse:
             self.events += data.count(b"data: ")
-        tail = self.tail + data if self.tail and len(data) < TAIL_BYTES else data
-        self.tail = tail[-TAIL_BYTES:] if len(tail) > TAIL_BYTES else tail
+        most = TAIL_BYTES  # compiled, a C integer: no Python comparison a chunk
+        tail = self.tail + data if self.tail and len(data) < most else data
+        self.tail = tail[len(tail) - most :] if len(tail) > most else tail
 
     def _broke(self, exc: BaseException) -> None:
         """A bug on some path: log it, and still end the exchange properly."""

@@ -89,6 +89,7 @@ cdef class TenantBook:
 
 @cython.locals(fields=BodyFields)
 cpdef long long completion_bound(object payload) except -3
+@cython.locals(per_token=Py_ssize_t)
 cpdef long long tokens_asked(Py_ssize_t body_bytes, long long bound) except -1
 cdef Py_ssize_t _left(Bucket bucket)
 cdef Py_ssize_t _reset_ms(Bucket bucket)

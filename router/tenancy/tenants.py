@@ -83,7 +83,8 @@ def completion_bound(payload) -> int:
 
 def tokens_asked(body_bytes: int, bound: int) -> int:
     """A request's estimate: its prompt (the body's bytes / 4) plus what it may generate."""
-    return body_bytes // BYTES_PER_TOKEN + bound
+    per_token = BYTES_PER_TOKEN  # compiled, a C integer: the division is C's, not Python's
+    return body_bytes // per_token + bound
 
 
 class Bucket:
