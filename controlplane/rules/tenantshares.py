@@ -216,6 +216,9 @@ class TenantLedger:
         self.dirty: set[str] = set()  # rows to write
         self.demand: dict[str, dict[str, list[float]]] = {}  # tenant -> router -> [rpm, tpm]
         self.minutes: deque = deque()  # (minute start, {(tenant, model): [USAGE_FIELDS]})
+        # hour start -> its minutes summed, for hours no report writes to any more: a day's
+        # usage adds 24 of them and the minutes of the hour under way, not 1,440 minutes.
+        self.hour_sums: dict[float, dict] = {}
         self.keys_used: dict[str, float] = {}  # key id -> wall time last used
         self.published: dict[str, dict[str, list[float]]] = {}  # tenant -> router -> shares
         self.published_at: dict[str, float] = {}  # tenant -> when its shares last moved
@@ -299,14 +302,18 @@ class TenantLedger:
     def _bucket(self, now: float) -> dict:
         minute = math.floor(now / 60.0) * 60.0
         if not self.minutes or self.minutes[-1][0] != minute:
+            if self.minutes and _hour(self.minutes[-1][0]) < _hour(minute):
+                self._sum_hour(_hour(self.minutes[-1][0]))  # now, not in a usage call
             self.minutes.append((minute, {}))
         self.dirty.add(f"{MINUTE_ROW}{int(minute)}")
+        self.hour_sums.pop(_hour(minute), None)  # a clock set back writes to a summed hour
         return self.minutes[-1][1]
 
     def _forget_old(self, now: float) -> None:
         while self.minutes and self.minutes[0][0] < now - USAGE_KEPT_S:
             minute, _ = self.minutes.popleft()
             self.dirty.add(f"{MINUTE_ROW}{int(minute)}")
+            self.hour_sums.pop(_hour(minute), None)
         for router in [r for r, b in self.bases.items() if now - b["at"] > USAGE_KEPT_S]:
             del self.bases[router]
             self.dirty.add(BASE_ROW + router)
@@ -335,6 +342,7 @@ class TenantLedger:
                 self.published[tenant] = orjson.loads(body)
                 self.inherited.add(tenant)
         self.minutes = deque(sorted(minutes, key=lambda m: m[0]))
+        self.hour_sums.clear()
 
     def take_dirty_rows(self) -> dict[str, bytes | None]:
         """key -> the row to write (None: delete it), for what changed since the last call."""
@@ -374,19 +382,36 @@ class TenantLedger:
         self.dirty.add(SHARES_ROW + tenant)
 
     def usage(self, since_s: float, now: float) -> list[dict]:
-        """Rows per (tenant, model) over the last `since_s` seconds, by tenant then model."""
+        """Rows per (tenant, model) over the last `since_s` seconds, by tenant then model: the
+        minutes that end after `now - since_s`; an hour inside the window and over is added
+        as its sum, made once."""
+        start = now - since_s
+        current_hour = _hour(math.floor(now / 60.0) * 60.0)
         totals: dict[tuple[str, str], list[float]] = {}
+        whole: set[float] = set()
         for minute, bucket in self.minutes:
-            if minute + 60.0 <= now - since_s:
+            if minute + 60.0 <= start:
                 continue
-            for key, values in bucket.items():
-                into = totals.setdefault(key, [0.0] * len(USAGE_FIELDS))
-                for i, value in enumerate(values):
-                    into[i] += value
+            hour = _hour(minute)
+            if hour + 60.0 > start and hour < current_hour:
+                whole.add(hour)
+            else:  # an hour the window cuts, or the one under way
+                _add_bucket(totals, bucket)
+        for hour in whole:
+            summed = self.hour_sums.get(hour)
+            _add_bucket(totals, self._sum_hour(hour) if summed is None else summed)
         return [
             {"tenant": tenant, "model": model, **usage_row(values)}
             for (tenant, model), values in sorted(totals.items())
         ]
+
+    def _sum_hour(self, hour: float) -> dict:
+        summed: dict[tuple[str, str], list[float]] = {}
+        for minute, bucket in self.minutes:
+            if _hour(minute) == hour:
+                _add_bucket(summed, bucket)
+        self.hour_sums[hour] = summed
+        return summed
 
     def askers(self, tenant: str) -> list[str]:
         """The live routers that have asked for `tenant` since they started."""
@@ -516,6 +541,17 @@ def _close(old, new, limit) -> bool:
 
 def _round(value):
     return None if value is None else round(value, 3)
+
+
+def _hour(minute: float) -> float:
+    return math.floor(minute / 3600.0) * 3600.0
+
+
+def _add_bucket(totals: dict, bucket: dict) -> None:
+    for key, values in bucket.items():
+        into = totals.setdefault(key, [0.0] * len(USAGE_FIELDS))
+        for i, value in enumerate(values):
+            into[i] += value
 
 
 def usage_row(values: list[float]) -> dict:

@@ -262,3 +262,46 @@ def test_a_share_another_router_gave_up_is_not_dealt_again_until_that_router_has
     wants("edge-b", 9.0, 0, 4, waiting=3)
     final = ledger.shares("acme", None, None, 2)
     assert final["edge-a"][2] + final["edge-b"][2] == 2 and final["edge-b"][2] >= 1
+
+
+def test_usage_over_any_window_is_the_sum_of_its_minutes_with_hours_summed_once():
+    """Closed hours are added as sums made once; whatever the window, a clock set back into a
+    summed hour, or minutes forgotten after a day, the rows are the minutes' plain sum."""
+    import random
+
+    from controlplane.rules.tenantshares import USAGE_KEPT_S
+
+    draw = random.Random(7)
+    ledger = TenantLedger()
+    totals = {"r1": 0.0, "r2": 0.0}
+
+    def send(router: str, now: float, tenant: str, model: str) -> None:
+        totals[router] += draw.randint(1, 5)
+        body = {"router": router, "incarnation": "i1"}
+        usage = {model: [totals[router], 0.0, 0.0, 3.0, 5.0, 0.0]}
+        ledger.report(body, {tenant: {"demand": [1.0, 1.0], "usage": usage}}, now)
+
+    def naive(since_s: float, now: float) -> dict:
+        sums: dict = {}
+        for minute, bucket in ledger.minutes:
+            if minute + 60.0 > now - since_s:
+                for key, values in bucket.items():
+                    sums[key] = sums.get(key, 0.0) + values[0]
+        return sums
+
+    def check(now: float) -> None:
+        for since_s in (30.0, 600.0, 3600.0, 5000.0, 7 * 3600.0, USAGE_KEPT_S):
+            rows = ledger.usage(since_s, now)
+            got = {(r["tenant"], r["model"]): r["requests"] for r in rows}
+            assert got == naive(since_s, now), f"window {since_s} s at {now}"
+
+    now = 0.0
+    for step in range(900):  # about 30 hours of reports, each router on one tenant's model
+        now += draw.uniform(60.0, 180.0)
+        send("r1" if step % 2 else "r2", now, draw.choice(["a", "b"]), draw.choice(["m1", "m2"]))
+        if step % 97 == 0:
+            check(now)
+    send("r1", now - 7200.0, "a", "m1")  # a clock set back two hours: into a summed hour
+    check(now)
+    assert ledger.minutes[0][0] >= now - USAGE_KEPT_S - 60.0, "a day's minutes are kept"
+    assert all(hour >= ledger.minutes[0][0] - 3600.0 for hour in ledger.hour_sums)
