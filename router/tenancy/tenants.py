@@ -17,8 +17,12 @@ floor (a router cut off cannot go on spending a share the others were given mean
 
 The floor of a rate is a router's part of what the control plane keeps aside of the limit
 (`reserved_share` of it) for the routers it has not named yet or has lost: that part split over
-every router it hears (`routers`), so that however many begin to ask at once they stay within
-it together. A named router's buckets start with a second of its share, not a minute. A request
+every router it hears (`routers`). A router not named starts with nothing in its rate buckets:
+the routers heard when the table was made may be far fewer than those that begin to ask at
+once (a fleet starting, sixteen workers started together), and a minute of the floor each
+would then add up past what is kept aside; its requests wait to be named instead, a few
+tenths of a second after it first asks. A named router's buckets start with a second of its
+share, not a minute. A request
 over the share waits for it to grow (SHARE_WAIT_S) where it can: max_in_flight always (dealt
 on demand), a rate while this router is not named yet or the control plane says the tenant's
 fleet-wide total is not reached (`spare`); otherwise 429.
@@ -217,6 +221,7 @@ class TenantState:
             floor[1] = limits[1] * (reserved_share or floor_share) / routers
         spare = rules.get("spare") or (False, False)
         self.spare_requests, self.spare_tokens = bool(spare[0]), bool(spare[1])
+        newly_named = share is not None and not self.named
         self.named = share is not None
         given = floor
         if share is not None:
@@ -237,15 +242,22 @@ class TenantState:
         # max_in_flight between them, and fewer requests than workers leave some without.
         self.share_in_flight = int(given[2]) if dealt else self.floor_in_flight
         if self.requests is None:
-            # A second of the share; not named, the floor's minute: what a router new to the
-            # tenant may spend before the control plane names it.
+            # A second of the share. Not named by a control plane: nothing, the requests wait
+            # to be named (a minute of the floor each, where more routers begin at once than
+            # the table counted, adds up past what is kept aside); without one, the floor's
+            # minute.
             start = [given[0] / 60, given[1] / 60] if self.named else floor
+            if routers and not self.named:
+                start = [0.0, 0.0]
             self.requests = Bucket(given[0], self.created, start[0], 1.0 if self.named else 0.0)
             self.tokens = Bucket(given[1], self.created, start[1])
         else:
             # A share under one request a minute still admits one in its time; the floor of a
             # router not named does not (it waits to be named), or it would grow with routers.
             self.requests.least = 1.0 if self.named else 0.0
+            if newly_named:  # what it would have started with, named at once
+                self.requests.level = max(self.requests.level, given[0] / 60)
+                self.tokens.level = max(self.tokens.level, given[1] / 60)
 
     def may_call(self, model: str) -> bool:
         if not self.patterns:

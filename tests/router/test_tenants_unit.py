@@ -78,6 +78,27 @@ def test_routers_not_named_share_what_is_kept_aside_however_many_begin_at_once()
     assert few.admit(0.0, 0, True) == OVER_REQUESTS, "under one request: none until named"
 
 
+def test_routers_not_named_admit_nothing_at_once_however_few_the_table_counted():
+    """Sixteen routers begin at once while the table counted one: each waits to be named,
+    where a minute of the floor each would have let through 16 x what is kept aside."""
+    newcomers = []
+    for _ in range(16):
+        tenant = TenantState("t", 0.0)
+        tenant.configure({"requests_per_minute": 6000, "tokens_per_minute": 60000}, None,
+                         FLOOR_SHARE, 1, 1)  # fmt: skip
+        newcomers.append(tenant)
+    assert all(tenant.admit(0.0, 1, True) == OVER_REQUESTS for tenant in newcomers)
+    assert all(tenant.may_wait(OVER_REQUESTS) for tenant in newcomers), "they wait"
+    named = newcomers[0]
+    named.configure({"requests_per_minute": 6000, "tokens_per_minute": 60000},
+                    [120.0, 1200.0, None], FLOOR_SHARE, 1, 1)  # fmt: skip
+    admitted = [named.admit(0.0, 1, True) for _ in range(3)]
+    assert admitted == [ADMITTED, ADMITTED, OVER_REQUESTS], "named: a second of its share"
+    alone = TenantState("t", 0.0)
+    alone.configure({"requests_per_minute": 6000}, None, FLOOR_SHARE, 1)  # no control plane
+    assert alone.admit(0.0, 0, True) == ADMITTED, "without one, the floor's minute"
+
+
 def test_a_named_router_waits_on_a_rate_only_while_the_fleet_has_room():
     tenant = TenantState("t", 0.0)
     rules = {"requests_per_minute": 600, "tokens_per_minute": 6000, "spare": [True, False]}
