@@ -22,14 +22,17 @@ class Paired:
     output: str
 
 
-def run_paired(feature: str, rounds: int, benchmark, slices: int = 20) -> Paired:
+def run_paired(
+    feature: str, rounds: int, benchmark, slices: int = 20, seconds: float = 5.0
+) -> Paired:
     """`feature`: --tenant or --traces. Run under pytest-benchmark's `benchmark`, once."""
     done = {}
 
     def run():
         done["run"] = subprocess.run(
             [sys.executable, "-m", "bench.compare_routers", feature, "--paired",
-             "--rounds", str(rounds), "--seconds", "5", "--slices", str(slices), "--gate"],
+             "--rounds", str(rounds), "--seconds", str(seconds), "--slices", str(slices),
+             "--gate"],
             capture_output=True, text=True, cwd=ROOT, timeout=60 * rounds + 60,
         )  # fmt: skip
 
