@@ -238,6 +238,7 @@ class OtlpJsonExporter:
         self.timeout_s = POST_TIMEOUT_S
         self.full = asyncio.Event()  # the queue holds a batch: post it without waiting
         self.task: asyncio.Task | None = None  # waiting for a batch, or posting; None: idle
+        self.closing = False
 
     def put(self, span: tuple) -> None:
         if len(self.queue) >= QUEUED_MOST:
@@ -257,10 +258,24 @@ class OtlpJsonExporter:
                 await asyncio.wait_for(self.full.wait(), EXPORT_EVERY_S)
             except TimeoutError:
                 pass
-            await self.drain()
+            await self._post_queued()
         finally:
             self.task = None
             self.full.clear()
+            if self.queue and not self.closing:  # what came while posting: the next batch
+                self.task = asyncio.get_running_loop().create_task(self._export())
+                if len(self.queue) >= BATCH:
+                    self.full.set()
+
+    async def _post_queued(self) -> None:
+        """What is queued now, in batches. What comes meanwhile waits for the next interval or
+        batch: posting on until the queue is empty would, under load, post a few spans at a
+        time back to back."""
+        count = len(self.queue)
+        while count > 0 and self.queue:
+            batch = [self.queue.popleft() for _ in range(min(count, BATCH, len(self.queue)))]
+            count -= len(batch)
+            await self._post(batch)
 
     async def drain(self) -> None:
         while self.queue:
@@ -327,6 +342,7 @@ class OtlpJsonExporter:
 
     async def close(self) -> None:
         """Posts what is queued (at most POST_TIMEOUT_S a post), then closes the connection."""
+        self.closing = True
         if self.task is not None:
             self.full.set()
             await asyncio.gather(self.task, return_exceptions=True)

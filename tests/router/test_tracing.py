@@ -364,11 +364,16 @@ def test_spans_wait_for_a_batch_or_the_interval_and_the_last_go_out_at_close(mon
                 exporter.put((trace, trace.start_ns, 200, None, -1, -1, False))
 
         put(4)  # a batch: posted at once
+        while exporter.queue:  # until the batch is taken for its post
+            await asyncio.sleep(0)
+        put(1)  # while it is posted: not posted right after it, but with the next batch
         for _ in range(200):
             await asyncio.sleep(0.01)
             if exporter.sent:
                 break
-        assert exporter.sent == 4
+        await asyncio.sleep(0.1)
+        assert exporter.sent == 4 and len(exporter.queue) == 1
+        exporter.queue.clear()
         put(3)  # fewer: they wait for the interval
         await asyncio.sleep(0.3)
         assert exporter.sent == 4 and len(exporter.queue) == 3
