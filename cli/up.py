@@ -386,10 +386,11 @@ class FleetUp:
         log.close()
         # NAME.pid holds the pid alone, for `kill $(cat ...)`; NAME.json the command too, so
         # that a later `gpuctl up` stops only what is still the same program.
+        # Each is written whole under its final name, so `cat` never reads half a number.
         name = part.name.replace(" ", "-")
-        (self.pids / f"{name}.json").write_text(json.dumps({"pid": part.proc.pid,
-                                                           "argv": part.argv}))  # fmt: skip
-        (self.pids / f"{name}.pid").write_text(f"{part.proc.pid}\n")
+        record = json.dumps({"pid": part.proc.pid, "argv": part.argv})
+        replace_file(self.pids / f"{name}.json", record)
+        replace_file(self.pids / f"{name}.pid", f"{part.proc.pid}\n")
 
     def kill_engines(self) -> None:
         """The engines the agent recorded, killed: after a hurried stop the agent may have had
@@ -562,3 +563,9 @@ class FleetUp:
             self.kill_engines()
         for pid_file in [*self.pids.glob("*.pid"), *self.pids.glob("*.json")]:
             pid_file.unlink(missing_ok=True)
+
+
+def replace_file(path: Path, text: str) -> None:
+    staging = path.with_name(f".{path.name}.new")
+    staging.write_text(text)
+    os.replace(staging, path)

@@ -183,7 +183,8 @@ def test_gpuctl_up_end_to_end(tmp_path):
         assert frozen.returncode == 0
         os.kill(router_pid, signal.SIGTERM)
         wait_until(
-            lambda: recorded(fleet_dir / "pids" / "router.pid") != router_pid,
+            # NAME.json is written before NAME.pid: read alone, NAME.pid says when both are new.
+            lambda: int((fleet_dir / "pids" / "router.pid").read_text()) != router_pid,
             what="gpuctl up to restart the router",
         )
         children.append(recorded(fleet_dir / "pids" / "router.pid"))
