@@ -5,7 +5,7 @@ cimport cython
 from router.path cimport _fastpath
 
 from router.protocol cimport _wire
-from router.protocol._wire cimport monotonic, number_after
+from router.protocol._wire cimport monotonic, usage_tokens
 from router.path.context cimport ProxyContext
 from router.telemetry.metrics cimport ModelStats
 from router.tenancy.tenants cimport TenantState
@@ -80,7 +80,7 @@ cdef class Exchange(ResponseListener):
     @cython.locals(ctx=ProxyContext, due=bint)
     cdef object _sampled(self, _wire.Request request, bytes request_id)
     cdef void _trace_picked(self, _fastpath.EndpointTable table, long slot) except *
-    @cython.locals(prompt=cython.longlong, completion=cython.longlong)
+    @cython.locals(prompt=cython.longlong, completion=cython.longlong, used=cython.longlong)
     cdef void _trace_end(self, int status) except *
     cdef void _connect(self) except *
     cdef void _send(self, UpstreamConnection conn, bint reused, double now) except *
@@ -92,7 +92,7 @@ cdef class Exchange(ResponseListener):
     cdef void _end_broken_answer(self, str message) except *
     cpdef void _finish(self, int status, bint failed=*, tuple error=*, bytes extra=*) except *
     cdef void _broke(self, object exc)
-    @cython.locals(prompt=cython.longlong, completion=cython.longlong, waited=double)
+    @cython.locals(prompt=cython.longlong, completion=cython.longlong, used=cython.longlong, waited=double)
     cdef void _settle(self, int status) except *
     @cython.locals(most=Py_ssize_t, tail=bytes)
     cdef void _keep_tail(self, bytes data) except *

@@ -24,13 +24,11 @@ from router.path.fastpath import NO_ENDPOINT, NO_MODEL, SATURATED
 from router.path.upstream import ResponseListener, UpstreamConnection, UpstreamPool
 from router.protocol.errors import error_body, sse_error_event
 from router.protocol.forwarding import CHUNK_END, CONNECTION_WITHOUT_NAMES
-from router.protocol.wire import monotonic, number_after
+from router.protocol.wire import monotonic, usage_tokens
 from router.telemetry.metrics import OTHER_MODEL
 from router.tenancy.tenants import (
     BYTES_PER_TOKEN,
-    COMPLETION_TOKENS,
     LIMIT_NAMES,
-    PROMPT_TOKENS,
     SHARE_WAIT_S,
 )
 
@@ -470,8 +468,10 @@ class Exchange(ResponseListener):
         trace, self.trace = self.trace, None
         prompt = completion = -1
         if self.tail:
-            prompt = number_after(self.tail, PROMPT_TOKENS)
-            completion = number_after(self.tail, COMPLETION_TOKENS)
+            used = usage_tokens(self.tail)
+            if used >= 0:
+                prompt = used >> 32
+                completion = used - (prompt << 32)
         tenant = self.tenant.name if self.tenant is not None else None
         trace.end(status, tenant, prompt, completion, self.cut)
 
@@ -482,8 +482,10 @@ class Exchange(ResponseListener):
         tenant = self.tenant
         prompt = completion = -1
         if self.tail:
-            prompt = number_after(self.tail, PROMPT_TOKENS)
-            completion = number_after(self.tail, COMPLETION_TOKENS)
+            used = usage_tokens(self.tail)  # both, or -1
+            if used >= 0:
+                prompt = used >> 32
+                completion = used - (prompt << 32)
         if prompt < 0 or completion < 0:
             if not self.tail:  # nothing came from an engine
                 prompt = completion = 0

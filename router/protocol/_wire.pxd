@@ -67,6 +67,7 @@ cdef class ResponseReader:
 cpdef bytes numbered(bytes prefix, Py_ssize_t number)
 cpdef bytes ratelimit_lines(bytes requests_prefix, Py_ssize_t requests_left, Py_ssize_t requests_reset_ms, bytes tokens_prefix, Py_ssize_t tokens_left, Py_ssize_t tokens_reset_ms)
 cpdef long long number_after(bytes data, bytes name) except -2
+cpdef long long usage_tokens(bytes data) except -2
 cpdef double monotonic() noexcept
 
 

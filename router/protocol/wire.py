@@ -12,6 +12,7 @@ RequestReader = _impl.RequestReader
 ResponseReader = _impl.ResponseReader
 numbered = _impl.numbered
 number_after = _impl.number_after
+usage_tokens = _impl.usage_tokens
 with_max_tokens = _impl.with_max_tokens
 ratelimit_lines = _impl.ratelimit_lines
 monotonic = _impl.monotonic
@@ -24,6 +25,7 @@ __all__ = [
     "USING_EXTENSION",
     "monotonic",
     "number_after",
+    "usage_tokens",
     "numbered",
     "ratelimit_lines",
     "with_max_tokens",

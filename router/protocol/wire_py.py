@@ -352,3 +352,12 @@ def number_after(data: bytes, name: bytes) -> int:
     if digits == 0 or digits > MAX_COUNT_DIGITS:
         return -1  # none, or too long to be a count of tokens
     return int(rest[:digits])
+
+
+def usage_tokens(data: bytes) -> int:
+    """The engine's `usage` packed in one integer, or -1 (`_wire`'s)."""
+    prompt = number_after(data, b'"prompt_tokens"')
+    completion = number_after(data, b'"completion_tokens"')
+    if not 0 <= prompt < 1 << 31 or not 0 <= completion < 1 << 31:
+        return -1
+    return prompt << 32 | completion

@@ -46,6 +46,8 @@ cdef class TenantState:
     cdef public double demand_requests
     cdef public double demand_tokens
     cdef public dict usage
+    cdef str last_model
+    cdef UsageRow last_row
     cdef public dict waits
     cdef public double created
     cdef public bytes requests_prefix
@@ -54,6 +56,8 @@ cdef class TenantState:
     cdef public long share_in_flight, floor_in_flight
     cdef public long waiting
     cdef public bint named, spare_requests, spare_tokens
+    cdef bytes said_lines
+    cdef Py_ssize_t said_requests_left, said_requests_reset, said_tokens_left, said_tokens_reset
 
     cpdef bint may_call(self, str model) except -1
     @cython.locals(asking=long)
@@ -68,6 +72,7 @@ cdef class TenantState:
     cpdef void count(self, str model, int status, long prompt, long completion, bint refused, double waited) except *
     @cython.locals(requests_left=Py_ssize_t, requests_reset=Py_ssize_t, tokens_left=Py_ssize_t, tokens_reset=Py_ssize_t)
     cpdef bytes limit_headers(self)
+    cdef void _forget_lines(self) noexcept
 
 
 cdef class TenantBook:

@@ -169,6 +169,7 @@ class TenantState:
         self.default_max_tokens = 256
         self.limited = False
         self.requests_prefix = self.tokens_prefix = b""  # of their x-ratelimit-* lines
+        self._forget_lines()
         # This router's share of each limit, and the floor it falls to when its lease ends.
         self.share_requests = self.share_tokens = self.floor_requests = self.floor_tokens = 0.0
         self.share_in_flight = self.floor_in_flight = 1
@@ -186,6 +187,7 @@ class TenantState:
         # report: what the control plane splits max_in_flight by.
         self.wanted_in_flight = 0
         self.usage: dict = {}  # model -> UsageRow
+        self.last_model, self.last_row = None, None  # the model counted last, and its row
         self.waits: dict = {}  # model -> [count per WAIT_BUCKETS bucket, +Inf, sum]
 
     def configure(
@@ -214,6 +216,7 @@ class TenantState:
         )
         self.requests_prefix = _header_prefix(b"requests", self.requests_per_minute)
         self.tokens_prefix = _header_prefix(b"tokens", self.tokens_per_minute)
+        self._forget_lines()
         limits = (self.requests_per_minute, self.tokens_per_minute, float(self.max_in_flight))
         floor = [min(limit * floor_share, limit / max(askers, 1)) for limit in limits]
         if routers:  # the part kept aside for routers not named, split over all of them
@@ -335,9 +338,13 @@ class TenantState:
     def count(
         self, model: str, status: int, prompt: int, completion: int, refused: bool, waited: float
     ) -> None:
-        row = self.usage.get(model)
-        if row is None:
-            row = self.usage[model] = UsageRow()
+        if model is self.last_model:  # most answers are for the model of the one before
+            row = self.last_row
+        else:
+            row = self.usage.get(model)
+            if row is None:
+                row = self.usage[model] = UsageRow()
+            self.last_model, self.last_row = model, row
         # Three apart: admitted (`requests`), refused by a limit (`rate_limited`), and the
         # admitted that failed (`errors`): a refusal is neither of the other two.
         if refused:
@@ -367,7 +374,9 @@ class TenantState:
         counts[-1] += waited
 
     def limit_headers(self) -> bytes:
-        """OpenAI's x-ratelimit-* lines for this router's buckets (after the last admit)."""
+        """OpenAI's x-ratelimit-* lines for this router's buckets (after the last admit). The
+        lines said last are said again while their four numbers stay: a tenant well under its
+        limits keeps its buckets full, and its answers, one after the other, the same lines."""
         requests_left = requests_reset = tokens_left = tokens_reset = 0
         if self.requests_per_minute:
             requests_left = _left(self.requests)
@@ -375,7 +384,14 @@ class TenantState:
         if self.tokens_per_minute:
             tokens_left = _left(self.tokens)
             tokens_reset = _reset_ms(self.tokens)
-        return ratelimit_lines(
+        if (
+            requests_left == self.said_requests_left
+            and tokens_left == self.said_tokens_left
+            and requests_reset == self.said_requests_reset
+            and tokens_reset == self.said_tokens_reset
+        ):
+            return self.said_lines
+        self.said_lines = ratelimit_lines(
             self.requests_prefix,
             requests_left,
             requests_reset,
@@ -383,6 +399,15 @@ class TenantState:
             tokens_left,
             tokens_reset,
         )
+        self.said_requests_left, self.said_requests_reset = requests_left, requests_reset
+        self.said_tokens_left, self.said_tokens_reset = tokens_left, tokens_reset
+        return self.said_lines
+
+    def _forget_lines(self) -> None:
+        """The next limit_headers() writes its lines anew (their prefixes changed)."""
+        self.said_lines = b""
+        self.said_requests_left = self.said_requests_reset = -1
+        self.said_tokens_left = self.said_tokens_reset = -1
 
     def report(self) -> dict:
         wanted, self.wanted_in_flight = self.wanted_in_flight, self.in_flight + self.waiting

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from controlplane.rules.tenantshares import FLOOR_SHARE, by_demand, split
 from router.path.fairqueue import FairQueue
-from router.protocol.wire import number_after
+from router.protocol.wire import number_after, usage_tokens
 from router.tenancy.tenants import (
     ADMITTED,
     BAD_BOUND,
@@ -151,6 +151,29 @@ def test_estimates_and_usage_are_read_from_the_bytes():
     assert number_after(tail, COMPLETION_TOKENS) == 34
     assert number_after(b'{"usage": null}', PROMPT_TOKENS) == -1
     assert number_after(b'"prompt_tokens": 99999999999999999999', PROMPT_TOKENS) == -1
+    assert usage_tokens(tail) == 12 << 32 | 34
+    assert usage_tokens(b'{"usage":{"prompt_tokens":12}}') == -1, "both, or neither"
+    assert usage_tokens(b'{"prompt_tokens":2147483648,"completion_tokens":1}') == -1
+
+
+def test_the_ratelimit_lines_are_said_again_while_their_numbers_stay():
+    tenant = limited(requests_per_minute=600, tokens_per_minute=6000)
+    tenant.requests.level, tenant.tokens.level = 600, 6000  # full: a minute known
+    assert tenant.admit(100.0, 10, True) == ADMITTED
+    first = tenant.limit_headers()
+    assert b"x-ratelimit-remaining-requests: 599\r\n" in first
+    assert b"x-ratelimit-remaining-tokens: 5990\r\n" in first
+    tenant.settle(10, 10)
+    assert tenant.admit(101.0, 10, True) == ADMITTED  # a second later: full again, then taken
+    assert tenant.limit_headers() is first
+    assert tenant.admit(101.0, 10, True) == ADMITTED  # no time to fill: the numbers move
+    moved = tenant.limit_headers()
+    assert b"x-ratelimit-remaining-requests: 598\r\n" in moved
+    assert b"x-ratelimit-remaining-tokens: 5980\r\n" in moved
+    tenant.configure(
+        {"requests_per_minute": 60}, [60.0, None, None], FLOOR_SHARE, 1
+    )  # new limits: new lines, whatever the numbers
+    assert b"x-ratelimit-limit-requests: 60\r\n" in tenant.limit_headers()
 
 
 def test_the_book_finds_a_key_by_its_digest_and_refuses_the_rest():

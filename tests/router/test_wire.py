@@ -101,6 +101,23 @@ def test_ratelimit_lines_are_the_same_compiled_and_not(left, reset, tokens, toke
     assert _wire.ratelimit_lines(*arguments) == wire_py.ratelimit_lines(*arguments)
 
 
+@given(st.one_of(st.none(), st.integers(0, 2**33)), st.one_of(st.none(), st.integers(0, 2**33)),
+       st.sampled_from([b"", b" ", b',"total_tokens":7']), st.booleans())  # fmt: skip
+def test_usage_is_read_the_same_compiled_and_not(prompt, completion, between, details):
+    fields = []
+    if prompt is not None:
+        fields.append(b'"prompt_tokens":%d' % prompt)
+    if details:
+        fields.append(b'"prompt_tokens_details":{"cached_tokens":3}')
+    if completion is not None:
+        fields.append(b'"completion_tokens":' + between.strip(b",") + b"%d" % completion)
+    tail = b'{"id":"x","usage":{' + b",".join(fields) + b"}}"
+    expected = -1
+    if prompt is not None and completion is not None and prompt < 2**31 and completion < 2**31:
+        expected = -1 if between.startswith(b",") else prompt << 32 | completion
+    assert _wire.usage_tokens(tail) == wire_py.usage_tokens(tail) == expected, tail
+
+
 @pytest.mark.parametrize("module", [_wire, wire_py])
 def test_the_clock_is_time_monotonic(module):
     import time
