@@ -264,7 +264,7 @@ async def most_in_flight(http, engines: list[str], until: float) -> int:
     return most
 
 
-async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
+async def phases(setup: Setup, seconds: float, warmup: float, weights_s: float) -> dict:
     routers, keys = setup.routers, setup.keys
     even = (1.0,) * len(routers)
     c_split = (C_FIRST,) + ((1 - C_FIRST) / (len(routers) - 1),) * (len(routers) - 1)
@@ -310,18 +310,25 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
         with_c = tally.ttft_in(("a", "b"), settled, until)
         c_admitted = tally.in_window("c", settled, until)
         c_refused = tally.in_window("c", settled, until, 429)
-        # 3: A and B keep `busy` saturated
+        # 3: A and B keep `busy` saturated, each request on a connection of its own: the
+        # kernel deals each to one of a router's workers, as it deals many clients'. Reused
+        # connections would all go to the few workers the earlier phases opened them on, so
+        # the figure would say which those were, not what 16 routers do.
         began = time.monotonic()
         settled = began + 2.0
-        until = settled + seconds
-        await asyncio.gather(
-            *(
-                closed_loop(http, router, keys[t], t, "busy", until, tally)
-                for t in ("a", "b")
-                for router in routers
-                for _ in range(WAITING_PER_ROUTER)
+        until = settled + weights_s
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=aiohttp.ClientTimeout(60),
+        ) as fresh:
+            await asyncio.gather(
+                *(
+                    closed_loop(fresh, router, keys[t], t, "busy", until, tally)
+                    for t in ("a", "b")
+                    for router in routers
+                    for _ in range(WAITING_PER_ROUTER)
+                )
             )
-        )
         completed = {t: tally.in_window(t, settled, until) for t in ("a", "b")}
         # 4: D's streams, more than its max_in_flight, spread over the routers
         began = time.monotonic()
@@ -360,6 +367,7 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
         "completed_a": completed["a"],
         "completed_b": completed["b"],
         "b_over_a": round(completed["b"] / max(1, completed["a"]), 3),
+        "weights_seconds": weights_s,
         "ttft_p99_alone_ms": round(quantile(alone, 0.99) * 1000, 1),
         "ttft_p99_with_c_ms": round(quantile(with_c, 0.99) * 1000, 1),
         "ttft_samples": [len(alone), len(with_c)],
@@ -368,13 +376,19 @@ async def phases(setup: Setup, seconds: float, warmup: float) -> dict:
 
 
 def measure(
-    folder, seconds: float = 10.0, warmup: float = 10.0, routers: int = ROUTERS, workers: int = 1
+    folder,
+    seconds: float = 10.0,
+    warmup: float = 10.0,
+    routers: int = ROUTERS,
+    workers: int = 1,
+    weights_s: float | None = None,
 ) -> dict:
+    """`weights_s`: phase 3's window (`seconds` unless given)."""
     procs = Processes(folder)
     setup = None
     try:
         setup = start(procs, folder, routers, workers)
-        result = asyncio.run(phases(setup, seconds, warmup))
+        result = asyncio.run(phases(setup, seconds, warmup, weights_s or seconds))
         usage = call("GET", setup.server + "/v1/usage?since=1h")[1]["items"]
         table = call("GET", setup.server + "/v1/routes")[1]
         d_shares = table["tenants"]["tenants"]["d"]["shares"]
@@ -393,12 +407,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0, help="phase 2, before measuring")
     parser.add_argument("--routers", type=int, default=ROUTERS, help="router processes")
     parser.add_argument("--workers", type=int, default=1, help="each router's processes")
+    parser.add_argument("--weights-seconds", type=float, help="phase 3's window (--seconds)")
     args = parser.parse_args()
     import tempfile
     from pathlib import Path
 
     with tempfile.TemporaryDirectory(prefix="gpufleet-tenants-") as folder:
-        found = measure(Path(folder), args.seconds, args.warmup, args.routers, args.workers)
+        found = measure(
+            Path(folder), args.seconds, args.warmup, args.routers, args.workers,
+            args.weights_seconds,
+        )  # fmt: skip
         print(json.dumps(found, indent=2))
 
 

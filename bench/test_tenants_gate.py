@@ -37,8 +37,9 @@ def result(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def at_sixteen(tmp_path_factory):
+    # Weights over 30 s, not 10: at sixteen, 10 s windows read B:A anywhere from 1.5 to 2.4.
     found = measure(tmp_path_factory.mktemp("tenants16"), seconds=10.0, warmup=10.0,
-                    routers=4, workers=4)  # fmt: skip
+                    routers=4, workers=4, weights_s=30.0)  # fmt: skip
     record(
         f"tenants (16 routers: 4 x 4 workers): C admitted {found['c_admitted_per_min']:.0f}/min"
         f" of {found['c_limit_per_min']}; E {found['e_admitted_tokens_per_min']:.0f} tokens/min"
@@ -88,9 +89,9 @@ def test_nothing_is_lost_at_sixteen(at_sixteen):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not reached: B:A 0.98-1.33 at 16 routers (goal 3). Weights order a router's own"
-    " queue; 16 routers of 2 slots a replica hold 32 of `busy`'s requests, its engine runs 6,"
-    " so the queue that forms is the engine's, first come first served",
+    reason="not reached: B:A 1.5-2.4 at 16 routers (goal 3; 1.66 over 30 s). Weights order a"
+    " router's own queue; 16 routers of 2 slots a replica hold 32 of `busy`'s requests, its"
+    " engine runs 6, so most of the queue that forms is the engine's, first come first served",
 )
 def test_weights_share_a_saturated_model_at_sixteen(at_sixteen):
     assert abs(at_sixteen["b_over_a"] / 3.0 - 1.0) <= 0.10, at_sixteen
