@@ -108,13 +108,17 @@ def pytest_unconfigure(config):
     """A run must end: the interpreter joins every non-daemon thread before it exits, so one
     left looping by a test that failed midway would hold the run (and the CI job) forever. Once
     pytest is done, a watchdog gives the threads a minute, then names them and ends the
-    process, failing it."""
+    process, failing it. The minute counts from the interpreter's shutdown (its main thread
+    done): a pytest-xdist worker, done before the others, waits on its controller first."""
     status = getattr(config, "exit_status", 1)
     background = getattr(config, "llama_background", None)
     if background is not None:
         background.stop()
 
     def watchdog() -> None:
+        main = threading.main_thread()
+        while main.is_alive():
+            main.join(1.0)
         threading.Event().wait(EXIT_WAIT_S)
         names = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
         print(f"\nthe run could not end: threads still running {names}", file=sys.stderr)
