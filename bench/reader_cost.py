@@ -26,10 +26,17 @@ from pathlib import Path
 
 import yaml
 
+from router.control.catalog import QUIET_AFTER as CATALOG_QUIET_AFTER
+from router.server import RouterSettings
 from tests.harness import Processes, get, post
 
 MODELS = 10
 QUIET_SETTLE_S = 6.0
+# A router asks every replica's model list at its first QUIET_AFTER + 1 catalog refreshes, one
+# every catalog_every_s, and few after (router/control/catalog.py): 1,000 asks in a window put
+# 0.03-0.04 of a core into both routers and a hundredth of noise into their difference, which
+# once read 0.032 for a reader that costs 0.042.
+CATALOG_SETTLE_S = (CATALOG_QUIET_AFTER + 1) * RouterSettings.catalog_every_s + 1.0
 
 HOST = """
 import asyncio, random, sys
@@ -80,6 +87,7 @@ def measure(procs: Processes, routes_file: str, interval: float, seconds: float)
     """The router with its reader at `interval` and the same router with it off, side by side
     over the same span of their lives: what else a router does now and then (its model
     catalog's refreshes) falls in both alike, and the difference is the reader's."""
+    started = time.monotonic()
     routers = {
         reads_at: procs.router("--routes", routes_file, f"--load-interval={reads_at}")
         for reads_at in (interval, 0)
@@ -91,8 +99,10 @@ def measure(procs: Processes, routes_file: str, interval: float, seconds: float)
             )
             assert status == 200
     # The first rounds open their connections; idle engines then come to be read every 2 s
-    # within about 5 s (router/load/engineload.py): the figure is the steady state's.
+    # within about 5 s (router/load/engineload.py), and the catalog's first refreshes are
+    # over: the figure is the steady state's.
     time.sleep(2 * interval + 1 + QUIET_SETTLE_S)
+    time.sleep(max(0.0, started + CATALOG_SETTLE_S - time.monotonic()))
     first = {at: reader_figures(url) for at, (url, _) in routers.items()}
     cpu0 = {at: cpu_seconds(proc.pid) for at, (_, proc) in routers.items()}
     wall0 = time.monotonic()

@@ -62,6 +62,7 @@ cdef class EndpointTable:
     cpdef bint release(self, int slot, bint failed=*) noexcept
     cpdef str endpoint_url(self, int slot)
     cdef void _lock_acquire(self) noexcept
+    cdef bint _model_is_recent(self, int32_t m, int64_t since) noexcept
     cdef int64_t _now(self) noexcept nogil
     cdef int32_t _keyed_pick(self, Model* mdl, uint64_t key, int32_t* excluded,
                              int32_t n_excluded, int32_t usable, int32_t model_load,

@@ -68,6 +68,8 @@ class EndpointTable:
     def load_targets(self, recent_s: float) -> list[tuple[int, str, str, int]]:
         """[(slot, id, url, in flight)]: every endpoint of each model sent to within
         `recent_s` (or with a request in flight), with this router's requests on it now."""
+    def recent_models(self, recent_s: float) -> list[str]:
+        """The models `load_targets` would take the endpoints of, in table order."""
     def set_load(
         self,
         slot: int,

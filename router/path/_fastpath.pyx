@@ -530,8 +530,6 @@ cdef class EndpointTable:
         cdef int32_t* slots = NULL
         cdef int64_t* marks = NULL
         cdef int64_t now, since
-        cdef bint recent
-        cdef Slot* s
         self._lock_acquire()
         # Allocated under the lock, once a round: the table cannot change size meanwhile.
         slots = <int32_t*>malloc(max(1, self._slot_count) * sizeof(int32_t))
@@ -545,13 +543,7 @@ cdef class EndpointTable:
         since = now - <int64_t>(recent_s * 1e9)
         n_models = len(self._model_names)
         for m in range(n_models):
-            recent = False
-            for i in range(self._models[m].count):
-                s = &self._slots[self._model_slots[self._models[m].first + i]]
-                if s.in_flight > 0 or (s.last_used_ns != NEVER and s.last_used_ns >= since):
-                    recent = True
-                    break
-            if not recent:
+            if not self._model_is_recent(m, since):
                 continue
             for i in range(self._models[m].count):
                 slot = self._model_slots[self._models[m].first + i]
@@ -565,6 +557,31 @@ cdef class EndpointTable:
         finally:
             free(slots)
             free(marks)
+
+    def recent_models(self, double recent_s):
+        """The models `load_targets` would take the endpoints of, in table order: the load
+        reader builds its targets again only when these (or the route version) change."""
+        cdef int32_t m
+        cdef int64_t since
+        names = []
+        self._lock_acquire()
+        since = self._now() - <int64_t>(recent_s * 1e9)
+        for m in range(len(self._model_names)):
+            if self._model_is_recent(m, since):
+                names.append(self._model_names[m])
+        table_lock_release(&self._lock)
+        return names
+
+    cdef bint _model_is_recent(self, int32_t m, int64_t since) noexcept:
+        """Whether a request went to one of model `m`'s endpoints since `since` (ns), or is
+        in flight on one. Under the lock."""
+        cdef int32_t i
+        cdef Slot* s
+        for i in range(self._models[m].count):
+            s = &self._slots[self._model_slots[self._models[m].first + i]]
+            if s.in_flight > 0 or (s.last_used_ns != NEVER and s.last_used_ns >= since):
+                return True
+        return False
 
     def set_load(self, int slot, str endpoint_id, int waiting, int running, double kv_use,
                  int64_t mark, double valid_s):

@@ -349,19 +349,29 @@ class EndpointTable:
             since = self._now() - int(recent_s * 1e9)
             out = []
             for mdl in self._models:
-                if any(
-                    self._slots[slot].in_flight > 0
-                    or (
-                        self._slots[slot].last_used_ns != _NEVER
-                        and self._slots[slot].last_used_ns >= since
-                    )
-                    for slot in mdl.slots
-                ):
+                if self._model_is_recent(mdl, since):
                     out += [
                         (slot, self._ids[slot], self._urls[slot], self._slots[slot].in_flight)
                         for slot in mdl.slots
                     ]
             return out
+
+    def recent_models(self, recent_s: float) -> list[str]:
+        with self._lock:
+            since = self._now() - int(recent_s * 1e9)
+            return [
+                name
+                for name, mdl in zip(self._model_names, self._models, strict=True)
+                if self._model_is_recent(mdl, since)
+            ]
+
+    def _model_is_recent(self, mdl: _Model, since: int) -> bool:
+        slots = self._slots
+        return any(
+            slots[slot].in_flight > 0
+            or (slots[slot].last_used_ns != _NEVER and slots[slot].last_used_ns >= since)
+            for slot in mdl.slots
+        )
 
     def set_load(
         self,

@@ -40,6 +40,7 @@ operations = st.lists(
             ),
         ),
         st.tuples(st.just("targets"), st.floats(0, 120)),
+        st.tuples(st.just("recent"), st.floats(0, 120)),
     ),
     max_size=60,
 )
@@ -87,6 +88,16 @@ def test_extension_and_twin_agree(ops):
                 results.append((taken, table.load_of(slot)))
             elif op == "targets":
                 results.append(table.load_targets(arg))
+            elif op == "recent":
+                recent = table.recent_models(arg)
+                targets = {t[0] for t in table.load_targets(arg)}
+                names = {
+                    model
+                    for model in table.models()
+                    if any(slot in targets for slot, _, _ in table.endpoints(model))
+                }
+                assert set(recent) == names, (recent, names)
+                results.append(recent)
             else:
                 results.append(table.snapshot())
         if op == "tick":
