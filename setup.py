@@ -78,6 +78,9 @@ extensions = [
         extra_compile_args=[*flags, "-fvisibility=hidden"],
     ),
     Extension(
+        "router.tenancy._inflight", ["router/tenancy/_inflight.pyx"], extra_compile_args=flags
+    ),
+    Extension(
         "router.load._loadread",
         ["router/load/_loadread.pyx", *sorted(str(c) for c in (llhttp / "src").glob("*.c"))],
         include_dirs=[str(llhttp / "include")],

@@ -318,11 +318,18 @@ def run_workers(settings: RouterSettings, workers: int) -> int:
     base_id = settings.router_id
     settings.metrics_folder = tempfile.mkdtemp(prefix="gpurouter-metrics-")
     settings.workers = workers
+    if settings.tenants_file:
+        # A file's max_in_flight is the process's, counted by all its workers together.
+        from router.tenancy.inflight import SharedInFlight
+
+        settings.shared_in_flight = SharedInFlight(workers)
     for index in range(workers):
         pid = os.fork()
         if pid == 0:
             settings.router_id = f"{base_id}-w{index}" if base_id else ""
             settings.worker = index
+            if settings.shared_in_flight is not None:
+                settings.shared_in_flight.worker = index
             os._exit(run(settings))
         children.append(pid)
 
@@ -336,8 +343,21 @@ def run_workers(settings: RouterSettings, workers: int) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     status = 0
-    for child in children:
-        _, code = os.waitpid(child, 0)
+    running = dict.fromkeys(children)
+    while running:
+        child, code = os.wait()
+        if child not in running:
+            continue
+        del running[child]
         status = status or os.waitstatus_to_exitcode(code)
+        if settings.shared_in_flight is not None and running:
+            # A worker gone (killed, crashed) with requests counted: they are in flight no more.
+            freed = settings.shared_in_flight.reclaim(children.index(child))
+            if freed:
+                logging.getLogger("gpurouter").warning(
+                    "worker %d ended holding %d request(s) in flight: given back",
+                    children.index(child),
+                    freed,
+                )
     shutil.rmtree(settings.metrics_folder, ignore_errors=True)
     return status

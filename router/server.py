@@ -76,6 +76,9 @@ class RouterSettings:
     trace_sample: float = 0.01
     # tenants without a control plane (router/tenancy/tenantsfile.py)
     tenants_file: str | None = None
+    # With a tenants file and several workers: their count of each tenant's requests in flight
+    # (router/tenancy/inflight.py), made before they are forked.
+    shared_in_flight: object = None
     catalog_every_s: float = 10.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
@@ -150,6 +153,7 @@ class RouterServer:
 
             ctx.tracing = Tracing(settings.otlp_endpoint, settings.trace_sample)
         if settings.tenants_file:
+            ctx.tenants.shared_in_flight = settings.shared_in_flight
             ctx.tenants_changed(
                 read_tenants_file(
                     settings.tenants_file, self.router_id, settings.workers, settings.worker

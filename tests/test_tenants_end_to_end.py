@@ -7,7 +7,10 @@ holds it to its limits with OpenAI's answers, and reports its use back.
 
 import hashlib
 import json
+import os
+import signal
 import threading
+from pathlib import Path
 
 import openai
 import pytest
@@ -519,3 +522,59 @@ def test_max_in_flight_is_never_exceeded_however_many_routers_ask(fleet, procs):
     statuses = sorted(status for status, _, _ in results)
     assert most <= 2, f"{most} running at once on the engine, limit 2"
     assert set(statuses) <= {200, 429} and statuses.count(200) >= 2, statuses
+
+
+def test_a_tenants_files_max_in_flight_is_the_whole_routers_not_each_workers(procs, tmp_path):
+    """`--workers 3`, max_in_flight 2: one request at a time is never refused whichever worker
+    the kernel hands its connection to (each worker held a part, and one held none); at once,
+    the engine never runs more than 2; a worker killed holding requests gives them back."""
+    engine = procs.engine("chat", ttft=1.5)
+    digest = hashlib.sha256(b"file-key").hexdigest()
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        f"tenants:\n  - name: capped\n    max_in_flight: 2\n    key_sha256: [{digest}]\n"
+    )
+    router, proc = procs.router(
+        f"--backend=chat={engine}", "--tenants-file", str(tenants), "--workers", "3"
+    )
+    statuses = [chat(router, "file-key")[0] for _ in range(6)]  # a new connection each
+    assert statuses == [200] * 6, statuses
+
+    most = 0
+    stop = threading.Event()
+
+    def watch():
+        nonlocal most
+        while not stop.is_set():
+            most = max(most, _running(engine))
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        results = _at_once([lambda: chat(router, "file-key") for _ in range(8)])
+    finally:
+        stop.set()
+        watcher.join()
+    statuses = sorted(status for status, _, _ in results)
+    assert most <= 2, f"{most} running at once on the engine, limit 2"
+    assert set(statuses) == {200, 429} and statuses.count(200) >= 2, statuses
+
+    # Two requests held, then every worker but one killed: whatever they held is given back,
+    # and the one left admits two at once again.
+    def held():
+        try:
+            return chat(router, "file-key")
+        except OSError:  # its worker killed under it
+            return None
+
+    holding = threading.Thread(target=lambda: _at_once([held, held]))
+    holding.start()
+    wait_until(lambda: _running(engine) == 2, what="two requests on the engine")
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    for child in children[:-1]:
+        os.kill(int(child), signal.SIGKILL)
+    holding.join(30)
+    wait_until(lambda: _running(engine) == 0, what="the held requests over")
+    results = _at_once([lambda: chat(router, "file-key") for _ in range(2)])
+    assert [status for status, _, _ in results] == [200, 200], "a dead worker's places came back"

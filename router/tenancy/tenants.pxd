@@ -56,6 +56,9 @@ cdef class TenantState:
     cdef public long share_in_flight, floor_in_flight
     cdef public long waiting
     cdef public bint named, spare_requests, spare_tokens
+    cdef public object shared
+    cdef public long shared_cell
+    cdef public long shared_held
     cdef bytes said_lines
     cdef Py_ssize_t said_requests_left, said_requests_reset, said_tokens_left, said_tokens_reset
 
@@ -87,6 +90,7 @@ cdef class TenantBook:
     cdef public tuple last_found
     cdef public bint last_marked
     cdef public bint required
+    cdef public object shared_in_flight
 
     @cython.locals(found=tuple)
     cpdef TenantState find(self, bytes authorization)

@@ -189,6 +189,12 @@ class TenantState:
         self.usage: dict = {}  # model -> UsageRow
         self.last_model, self.last_row = None, None  # the model counted last, and its row
         self.waits: dict = {}  # model -> [count per WAIT_BUCKETS bucket, +Inf, sum]
+        # A tenants file's max_in_flight held by a router's workers together
+        # (router/tenancy/inflight.py): the counter, this tenant's cell in it (-1: none),
+        # and how many of the requests this worker holds are counted there.
+        self.shared = None
+        self.shared_cell = -1
+        self.shared_held = 0
 
     def configure(
         self,
@@ -306,7 +312,7 @@ class TenantState:
         else:
             requests, most = self.floor_requests, self.floor_in_flight
             tokens_share = self.floor_tokens
-        if self.max_in_flight and self.in_flight >= most:
+        if self.max_in_flight and self.shared_cell < 0 and self.in_flight >= most:
             return OVER_IN_FLIGHT
         if self.requests_per_minute:
             self.requests.fill(requests, now)
@@ -316,6 +322,12 @@ class TenantState:
             self.tokens.fill(tokens_share, now)
             if self.tokens.level <= 0.0:
                 return OVER_TOKENS
+        if self.max_in_flight and self.shared_cell >= 0:
+            # The workers' count, taken last: nothing is to be given back when a rate refuses.
+            if not self.shared.acquire(self.shared_cell, self.max_in_flight):
+                return OVER_IN_FLIGHT
+            self.shared_held += 1
+        if self.tokens_per_minute:
             self.tokens.level -= tokens
         if self.requests_per_minute:
             self.requests.level -= 1.0
@@ -332,6 +344,9 @@ class TenantState:
     def settle(self, reserved: float, used: float) -> None:
         """An admitted request ended: its tokens are what the engine said, not the estimate."""
         self.in_flight -= 1
+        if self.shared_held > 0:
+            self.shared_held -= 1
+            self.shared.release(self.shared_cell)
         if self.tokens_per_minute:
             self.tokens.level = min(self.tokens.per_minute, self.tokens.level + reserved - used)
 
@@ -453,6 +468,9 @@ class TenantBook:
         self.last_found = None
         self.last_marked = False  # its key is in keys_used
         self.required = False  # the control plane says every request needs a tenant's key
+        # With a tenants file and several workers: their shared count of requests in flight
+        # (router/tenancy/inflight.py), which holds each max_in_flight for them all at once.
+        self.shared_in_flight = None
 
     def enabled(self) -> bool:
         """Whether a request needs a key: when the control plane says so (once any tenant
@@ -519,6 +537,9 @@ class TenantBook:
             tenant.configure(
                 body, shares.get(router_id), floor_share, len(shares) or 1, routers, reserved_share
             )
+            if self.shared_in_flight is not None and tenant.shared_cell < 0:
+                tenant.shared = self.shared_in_flight
+                tenant.shared_cell = self.shared_in_flight.cell(name)
             tenants[name] = tenant
         if self.file_keys:
             tenants[KEYS_FILE_TENANT] = self.tenants[KEYS_FILE_TENANT]
