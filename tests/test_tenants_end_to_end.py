@@ -446,6 +446,27 @@ def _running(engine):
     )
 
 
+def _at_once_watching(engine, calls):
+    """`_at_once(calls)`, and the most requests `engine` said it ran at once meanwhile."""
+    most = 0
+    stop = threading.Event()
+
+    def watch():
+        nonlocal most
+        while not stop.is_set():
+            most = max(most, _running(engine))
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        results = _at_once(calls)
+    finally:
+        stop.set()
+        watcher.join()
+    return results, most
+
+
 def _at_once(calls):
     """Run `calls` at once; their results in order."""
     results = [None] * len(calls)
@@ -503,22 +524,9 @@ def test_max_in_flight_is_never_exceeded_however_many_routers_ask(fleet, procs):
     key, _ = new_key(fleet, "capped")
     for url in routers:
         wait_until(served(url, key), what="the key at every router")
-    most = 0
-    stop = threading.Event()
-
-    def watch():
-        nonlocal most
-        while not stop.is_set():
-            most = max(most, _running(engine))
-            stop.wait(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        results = _at_once([lambda u=url: chat(u, key) for url in routers for _ in range(3)])
-    finally:
-        stop.set()
-        watcher.join()
+    results, most = _at_once_watching(
+        engine, [lambda u=url: chat(u, key) for url in routers for _ in range(3)]
+    )
     statuses = sorted(status for status, _, _ in results)
     assert most <= 2, f"{most} running at once on the engine, limit 2"
     assert set(statuses) <= {200, 429} and statuses.count(200) >= 2, statuses
@@ -540,22 +548,7 @@ def test_a_tenants_files_max_in_flight_is_the_whole_routers_not_each_workers(pro
     statuses = [chat(router, "file-key")[0] for _ in range(6)]  # a new connection each
     assert statuses == [200] * 6, statuses
 
-    most = 0
-    stop = threading.Event()
-
-    def watch():
-        nonlocal most
-        while not stop.is_set():
-            most = max(most, _running(engine))
-            stop.wait(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        results = _at_once([lambda: chat(router, "file-key") for _ in range(8)])
-    finally:
-        stop.set()
-        watcher.join()
+    results, most = _at_once_watching(engine, [lambda: chat(router, "file-key")] * 8)
     statuses = sorted(status for status, _, _ in results)
     assert most <= 2, f"{most} running at once on the engine, limit 2"
     assert set(statuses) == {200, 429} and statuses.count(200) >= 2, statuses
