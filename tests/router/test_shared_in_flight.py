@@ -32,8 +32,12 @@ def test_racing_workers_never_hold_more_than_the_limit(shared_in_flight):
     workers, limit = 4, 3
     shared = shared_in_flight(workers + 1, capacity=16)  # the last part is the watcher's
     cell = shared.cell("team")
-    over = shared.cell("over-the-limit seen")  # a second cell: how often a worker saw > limit
+    # Counted apart from `cell`, by the workers themselves: how many hold a place now, how
+    # often one found more holding than the limit, how often one was refused.
+    holding = shared.cell("holding")
+    over = shared.cell("over the limit")
     refused = shared.cell("refused")
+    unbounded = 1 << 40
     deadline = time.monotonic() + 1.0
 
     def race(worker):
@@ -41,11 +45,13 @@ def test_racing_workers_never_hold_more_than_the_limit(shared_in_flight):
             shared.worker = worker
             while time.monotonic() < deadline:
                 if shared.acquire(cell, limit):
-                    if shared.total(cell) > limit:
-                        shared.acquire(over, 1 << 40)
+                    shared.acquire(holding, unbounded)
+                    if shared.total(holding) > limit:
+                        shared.acquire(over, unbounded)
+                    shared.release(holding)
                     shared.release(cell)
                 else:
-                    shared.acquire(refused, 1 << 40)
+                    shared.acquire(refused, unbounded)
 
         return work
 
