@@ -37,8 +37,21 @@ $(BUILT): $(STAMP) $(COMPILED_SOURCES)
 # ratios need (bench/conftest.py marks them machine_alone).
 TEST_WORKERS ?= 2
 
+# nginx, the peer the router's per-core gate is measured against (bench/test_nginx_gate.py):
+# the one on the PATH, else Debian's package unpacked beside the venv's programs (not
+# installed: nothing is started, no system file is touched).
+NGINX := $(VENV)/.nginx
+
+$(NGINX): $(STAMP)
+	if ! command -v nginx >/dev/null && [ ! -x $(BIN)/nginx ]; then \
+	  rm -rf $(VENV)/nginx-package && mkdir -p $(VENV)/nginx-package && cd $(VENV)/nginx-package \
+	  && { apt-get download -q nginx 2>/dev/null || { apt-get update -q && apt-get download -q nginx; }; } \
+	  && dpkg -x nginx_*.deb unpacked && cp unpacked/usr/sbin/nginx ../bin/nginx; \
+	fi
+	touch $(NGINX)
+
 ## test: install, build the extension, lint, run every test and perf gate
-test: $(BUILT)
+test: $(BUILT) $(NGINX)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
 	  --no-loadscope-reorder --durations=25 -m "not machine_alone" tests bench; tests=$$?; \

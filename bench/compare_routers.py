@@ -217,6 +217,12 @@ def tenants_file(work: Path) -> Path:
     return path
 
 
+def nginx_binary() -> str | None:
+    """nginx on the PATH, else the copy `make` unpacks beside the virtual environment's
+    programs (Debian's package, not installed: see the Makefile's `peers`)."""
+    return shutil.which("nginx") or shutil.which("nginx", path=str(Path(sys.executable).parent))
+
+
 def nginx_conf(work: Path, port: int, backend: int, workers: int) -> Path:
     conf = work / "nginx.conf"
     conf.write_text(f"""
@@ -270,9 +276,10 @@ def contenders(backend_url: str, work: Path, args) -> dict:
         found["uvloop-relay"] = lambda port: [
             sys.executable, "-m", "bench.tcp_relay", str(port), str(backend_port)
         ]  # fmt: skip
-    if shutil.which("nginx"):
+    nginx = nginx_binary()
+    if nginx:
         found["nginx"] = lambda port: [
-            "nginx",
+            nginx,
             "-c",
             str(nginx_conf(work, port, backend_port, args.workers)),
             "-p",
@@ -404,6 +411,12 @@ def main() -> int:
         default=0.01,
         help="--traces: the share of requests traced (the gate's bound is for 0.01)",
     )
+    parser.add_argument(
+        "--nginx",
+        action="store_true",
+        help="with --paired: gpurouter at the defaults against nginx in front of the same"
+        f" backend; --gate: at least {NGINX_RATIO}x nginx's rate per core",
+    )
     parser.add_argument("--slices", type=int, default=40, help="--paired: turns in all")
     parser.add_argument(
         "--warm",
@@ -421,9 +434,12 @@ def main() -> int:
         " with --paired, as --paired says",
     )
     args = parser.parse_args()
-    if args.paired and (args.tenant == args.traces or args.mode != "json"):
-        parser.error("--paired compares gpurouter with and without --tenant or --traces (one),"
-                     " in json mode")  # fmt: skip
+    if args.paired and (args.tenant + args.traces + args.nginx != 1 or args.mode != "json"):
+        parser.error("--paired compares gpurouter with and without --tenant or --traces, or"
+                     " with nginx (one of the three), in json mode")  # fmt: skip
+    if args.nginx and not nginx_binary():
+        parser.error("--nginx: nginx is not on the PATH (`make` unpacks Debian's beside the"
+                     " virtual environment)")  # fmt: skip
     if args.traces:
         args.sink = start_sink()
     args.load = args.load or ("loadgen" if args.mode == "sse" else "wrk")
@@ -481,6 +497,7 @@ def main() -> int:
 TAIL_RATIO = 1.2
 TENANT_RATIO = 0.95  # the rate per core with a tenant's limits on, over the rate without
 TRACE_RATIO = 0.97  # the rate per core with traces at 1%, over the rate without
+NGINX_RATIO = 1.0  # gpurouter's rate per core over nginx's, in front of the same backend
 
 
 def start_sink() -> str:
@@ -516,7 +533,12 @@ def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str)
     start from a second of its share and are full after a minute, the state of a router that
     has known its tenant for that long."""
     argvs = contenders(backend_url, work, args)
-    names = ["gpurouter", "gpurouter+traces" if args.traces else "gpurouter+tenant"]
+    if args.nginx:
+        names, least = ["nginx", "gpurouter"], NGINX_RATIO
+    elif args.traces:
+        names, least = ["gpurouter", "gpurouter+traces"], TRACE_RATIO
+    else:
+        names, least = ["gpurouter", "gpurouter+tenant"], TENANT_RATIO
     rounds = []
     pairs = []
     try:
@@ -541,7 +563,8 @@ def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str)
                      "--slices", str(args.slices),
                      "--slice-seconds", str(args.seconds / args.slices),
                      "--connections", str(args.connections), "--body", BODY,
-                     "--header", f"Authorization: Bearer {BENCH_KEY}"],
+                     *(["--header", f"Authorization: Bearer {BENCH_KEY}"] if args.tenant
+                       else [])],
                 ),
                 capture_output=True, text=True, cwd=ROOT, timeout=args.seconds * 3 + 60,
                 check=True,
@@ -554,9 +577,7 @@ def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str)
         for _, procs, _, _ in pairs:
             for proc in procs:
                 stop(proc)
-    if args.traces:
-        return report_rounds(rounds, names, args.gate, TRACE_RATIO, median=True)
-    return report_rounds(rounds, names, args.gate, TENANT_RATIO, median=True)
+    return report_rounds(rounds, names, args.gate, least, median=True)
 
 
 def start_pair(argvs: dict, names: list[str], number: int, work: Path, cpus: str) -> tuple:

@@ -34,8 +34,9 @@ def run_paired(
     seconds: float = 5.0,
     warm: float = 0.0,
 ) -> Paired:
-    """`feature`: --tenant or --traces; `warm`: compare_routers' --warm. Run under
-    pytest-benchmark's `benchmark`, once."""
+    """`feature`: --tenant, --traces or --nginx; `warm`: compare_routers' --warm. Run under
+    pytest-benchmark's `benchmark`, once, or as it is where a module's tests share the run
+    (`benchmark` None)."""
     done = {}
 
     def run():
@@ -46,7 +47,10 @@ def run_paired(
             capture_output=True, text=True, cwd=ROOT, timeout=60 * rounds + 60 + warm,
         )  # fmt: skip
 
-    benchmark.pedantic(run, rounds=1, iterations=1)
+    if benchmark is None:
+        run()
+    else:
+        benchmark.pedantic(run, rounds=1, iterations=1)
     output = done["run"].stdout + done["run"].stderr
     found = FIGURES.search(done["run"].stdout)
     assert found, output
