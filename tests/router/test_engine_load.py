@@ -16,6 +16,7 @@ from router.load.engineload import QUIET_AFTER, QUIET_EVERY, LoadReader
 from router.load.loadseries import BadReading, Reading
 from router.path import _fastpath, fastpath_py
 from sim.engine import EngineSettings, Faults, SimEngine
+from tests.harness import wait_until
 
 
 @pytest.fixture(params=["extension", "twin"])
@@ -315,7 +316,8 @@ def test_the_router_raises_its_descriptor_limit_and_says_so(procs):
     line = next(row for row in limits.splitlines() if row.startswith("Max open files"))
     soft_seen, hard_seen = line.split()[3:5]
     assert soft_seen == hard_seen, line
-    assert f"{soft_seen} descriptors" in procs.log(proc)
+    # The port opens a moment before the line that says so is written.
+    wait_until(lambda: f"{soft_seen} descriptors" in procs.log(proc), 10.0, "the limit logged")
     assert hard == resource.RLIM_INFINITY or int(hard_seen) == hard
 
 
