@@ -14,8 +14,6 @@ cdef class Bucket:
 
     @cython.locals(most=double, elapsed=double)
     cpdef void fill(self, double per_minute, double now) except *
-    @cython.locals(most=double)
-    cpdef bint holds(self, double need) except -1
     cpdef double wait_for(self, double need) except -1
 
 
@@ -47,7 +45,6 @@ cdef class TenantState:
     cdef public long wanted_in_flight
     cdef public double demand_requests
     cdef public double demand_tokens
-    cdef public double tokens_asked
     cdef public dict usage
     cdef str last_model
     cdef UsageRow last_row

@@ -5,12 +5,10 @@ per-minute limit, and the SHA-256 of every key (controlplane/rules/tenantshares.
 key is found with one hash and one lookup. Each limit is a bucket per tenant that fills at
 this router's share per minute and holds at most a minute of it:
 - requests: one per request;
-- tokens: a request is admitted when the bucket holds its estimate (the prompt's bytes / 4
-  plus its top-level `max_completion_tokens`, else `max_tokens`, else the tenant's
-  `default_max_tokens`, which is then written into the body the engine gets, so that it
-  cannot generate more than was admitted), and takes it: no router spends past its share,
-  however many routers there are. A request larger than the bucket can hold (a minute of
-  the share) is admitted when the bucket is full; one whose estimate is more than the
+- tokens: a request is admitted while the bucket is above zero and takes its estimate (the
+  prompt's bytes / 4 plus its top-level `max_completion_tokens`, else `max_tokens`, else the
+  tenant's `default_max_tokens`, which is then written into the body the engine gets, so
+  that it cannot generate more than was admitted); one whose estimate is more than the
   tenant's whole minute is refused at once; when the answer ends the engine's `usage`
   replaces the estimate;
 - in flight: this router's share of `max_in_flight`.
@@ -95,9 +93,8 @@ def tokens_asked(body_bytes: int, bound: int) -> int:
 
 class Bucket:
     """`rate` per minute, holding at most a minute of it (and at least `least`, so that a share
-    of less than one request a minute still admits one in its time); `level` goes below zero
-    only where the engine used more than a request's estimate, or a request larger than the
-    bucket was taken from a full one.
+    of less than one request a minute still admits one in its time); `level` may go below
+    zero (a request's tokens are taken whole once the bucket is above zero).
 
     A new bucket starts with `start` (the fixed allowance of a router new to the tenant), not
     a minute of its share: a router that restarts, or a worker that is replaced, would
@@ -120,12 +117,6 @@ class Bucket:
             self.level = min(most, self.level + elapsed * per_minute / 60.0)
         elif self.level > most:
             self.level = most
-
-    def holds(self, need: float) -> bool:
-        """Whether `need` may be taken now: the level reaches it, or the bucket is full and
-        `need` is more than it can ever hold."""
-        most = self.per_minute if self.per_minute > self.least else self.least
-        return self.level >= need or (0.0 < most <= self.level and need > most)
 
     def wait_for(self, need: float) -> float:
         """Seconds until the level reaches `need`."""
@@ -192,7 +183,6 @@ class TenantState:
         self.in_flight = 0
         self.demand_requests = 0.0  # asked of this router since it started, admitted or not
         self.demand_tokens = 0.0
-        self.tokens_asked = 0.0  # the estimate the last refusal for tokens could not take
         # The most requests in flight at once it held or was asked to hold since the last
         # report: what the control plane splits max_in_flight by.
         self.wanted_in_flight = 0
@@ -330,8 +320,7 @@ class TenantState:
                 return OVER_REQUESTS
         if self.tokens_per_minute:
             self.tokens.fill(tokens_share, now)
-            if not self.tokens.holds(tokens):
-                self.tokens_asked = tokens
+            if self.tokens.level <= 0.0:
                 return OVER_TOKENS
         if self.max_in_flight and self.shared_cell >= 0:
             # The workers' count, taken last: nothing is to be given back when a rate refuses.
@@ -349,8 +338,7 @@ class TenantState:
         if refused == OVER_REQUESTS:
             return self.requests.wait_for(1.0)
         if refused == OVER_TOKENS:
-            most = max(self.tokens.per_minute, self.tokens.least)
-            return self.tokens.wait_for(min(self.tokens_asked, most) or 0.001)
+            return self.tokens.wait_for(0.001)
         return 1.0  # in flight: as soon as one ends
 
     def settle(self, reserved: float, used: float) -> None:
