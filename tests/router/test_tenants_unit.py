@@ -131,6 +131,32 @@ def test_tokens_are_taken_whole_and_settled_from_the_engines_usage():
     assert tenant.in_flight == 1
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="each router's bucket may go one request past its share (taken whole once above"
+    " zero): the excess grows with routers. Taken only where the bucket holds the estimate,"
+    " the tokens bench at sixteen routers admitted 80% of the limit (4,830 of 6,000 a minute)",
+)
+@given(st.integers(2, 64), st.integers(1, 4000))
+def test_no_number_of_routers_admits_more_tokens_than_their_shares_and_starts(routers, asked):
+    """Each of `routers` flooded with requests of `asked` tokens for a minute: together they
+    take at most the limit and the second of share each starts with."""
+    limit = 6000.0
+    fleet = []
+    for _ in range(routers):
+        tenant = TenantState("t", 0.0)
+        tenant.configure({"tokens_per_minute": limit}, [None, limit / routers, None],
+                         FLOOR_SHARE, routers)  # fmt: skip
+        fleet.append(tenant)
+    taken = 0.0
+    for step in range(601):  # every 0.1 s for a minute, each router asked until it refuses
+        for tenant in fleet:
+            while tenant.admit(step / 10.0, asked, True) == ADMITTED:
+                taken += asked
+    past_a_whole_share = max(0.0, asked - limit / routers) * routers
+    assert taken <= limit + limit / 60.0 + past_a_whole_share, (taken, routers, asked)
+
+
 def test_in_flight_is_held_to_the_share():
     tenant = TenantState("t", 0.0)
     tenant.configure({"max_in_flight": 10}, [None, None, 2.0], FLOOR_SHARE, 5)
