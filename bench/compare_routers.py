@@ -235,6 +235,9 @@ http {{
   access_log off;
   client_body_temp_path {work}/body;
   proxy_temp_path {work}/proxy;
+  fastcgi_temp_path {work}/fastcgi;
+  uwsgi_temp_path {work}/uwsgi;
+  scgi_temp_path {work}/scgi;
   upstream backend {{ server 127.0.0.1:{backend}; keepalive 128; }}
   server {{
     listen 127.0.0.1:{port};
@@ -280,6 +283,8 @@ def contenders(backend_url: str, work: Path, args) -> dict:
     if nginx:
         found["nginx"] = lambda port: [
             nginx,
+            "-e",  # not the package's /var/log/nginx, which an unpacked copy has not
+            str(work / "nginx-error.log"),
             "-c",
             str(nginx_conf(work, port, backend_port, args.workers)),
             "-p",
@@ -563,8 +568,8 @@ def paired(backend_url: str, work: Path, args, proxy_cpus: str, other_cpus: str)
                      "--slices", str(args.slices),
                      "--slice-seconds", str(args.seconds / args.slices),
                      "--connections", str(args.connections), "--body", BODY,
-                     *(["--header", f"Authorization: Bearer {BENCH_KEY}"] if args.tenant
-                       else [])],
+                     *([] if args.nginx else
+                       ["--header", f"Authorization: Bearer {BENCH_KEY}"])],
                 ),
                 capture_output=True, text=True, cwd=ROOT, timeout=args.seconds * 3 + 60,
                 check=True,

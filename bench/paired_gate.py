@@ -53,7 +53,8 @@ def run_paired(
         benchmark.pedantic(run, rounds=1, iterations=1)
     output = done["run"].stdout + done["run"].stderr
     found = FIGURES.search(done["run"].stdout)
-    assert found, output
+    if found is None:  # not a figure under the bar: the run itself failed
+        raise RuntimeError(output)
     return Paired(
         float(found.group(1)), found.group(2), float(found.group(3)), float(found.group(4)),
         done["run"].returncode == 0, output,
