@@ -10,10 +10,11 @@ what its parent gives back (`reclaim`) if the worker dies with requests counted.
 twin, router/tenancy/inflight_py.py, does the same under a lock.
 """
 
-import hashlib
 import mmap
 
 from libc.stdint cimport int64_t, uint64_t
+
+from router.tenancy.inflight_py import CAPACITY, name_key
 
 cdef extern from *:
     """
@@ -36,15 +37,6 @@ cdef extern from *:
     bint gf_cas(int64_t *p, int64_t expected, int64_t desired) nogil
     int64_t gf_add(int64_t *p, int64_t v) nogil
     int64_t gf_exchange(int64_t *p, int64_t v) nogil
-
-CAPACITY = 4096  # tenants a router's workers can count together
-
-
-def name_key(str name):
-    """A tenant's cell key: never 0, which marks a free cell."""
-    key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
-    return (key & 0x7FFFFFFFFFFFFFFF) or 1
-
 
 cdef class SharedInFlight:
     cdef object _map

@@ -8,11 +8,12 @@ import mmap
 import multiprocessing
 import struct
 
-CAPACITY = 4096
+CAPACITY = 4096  # tenants a router's workers can count together
 WORD = struct.Struct("<q")
 
 
 def name_key(name: str) -> int:
+    """A tenant's cell key (both implementations'): never 0, which marks a free cell."""
     key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
     return (key & 0x7FFFFFFFFFFFFFFF) or 1
 
