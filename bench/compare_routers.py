@@ -219,7 +219,7 @@ def tenants_file(work: Path) -> Path:
 
 def nginx_binary() -> str | None:
     """nginx on the PATH, else the copy `make` unpacks beside the virtual environment's
-    programs (Debian's package, not installed: see the Makefile's `peers`)."""
+    programs (Debian's package, not installed: see the Makefile's `$(NGINX)`)."""
     return shutil.which("nginx") or shutil.which("nginx", path=str(Path(sys.executable).parent))
 
 
