@@ -36,7 +36,7 @@ def test_quiet_engines_are_read_once_in_their_quiet_period(idle):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not reached: 0.037-0.042 of a core at 500 reads/s (0.048-0.053 while its targets"
+    reason="not reached: 0.034-0.042 of a core at 500 reads/s (0.048-0.053 while its targets"
     " were rebuilt twice a second). About 80 µs of the router's CPU a read: 9 µs of the reader's"
     " Python, about 40 µs in the write of each request (the loopback write runs the engine's"
     " side of TCP and its wake-up on this core) and the rest the loop's wake-up and read; 0.03"
