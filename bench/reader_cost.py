@@ -9,7 +9,7 @@ is the reader's cost.
         [--histograms 40]
 
 Idle engines (the default) come back the same each read, so after three reads they are read
-ever less often, down to every 2 s (router/load/engineload.py); `--busy` moves every engine's
+ever less often, down to every 3 s (router/load/engineload.py); `--busy` moves every engine's
 queue between reads, so every one is read every round: the reader's cost when nothing is quiet.
 """
 
@@ -98,7 +98,7 @@ def measure(procs: Processes, routes_file: str, interval: float, seconds: float)
                 url + "/v1/completions", f'{{"model": "m{m}", "prompt": "hi"}}'.encode()
             )
             assert status == 200
-    # The first rounds open their connections; idle engines then come to be read every 2 s
+    # The first rounds open their connections; idle engines then come to be read every 3 s
     # within about 5 s (router/load/engineload.py), and the catalog's first refreshes are
     # over: the figure is the steady state's.
     time.sleep(2 * interval + 1 + QUIET_SETTLE_S)
