@@ -23,6 +23,7 @@ COMPILED_MODULES = (
     "router.path.target",
     "router.path.affinity",
     "router.tenancy.tenants",
+    "router.path.sender",
     "router.path.upstream",
     "router.path.context",
     "router.path.exchange",

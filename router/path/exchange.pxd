@@ -3,6 +3,7 @@
 cimport cython
 
 from router.path cimport _fastpath
+from router.path.sender cimport Sender
 
 from router.protocol cimport _wire
 from router.protocol._wire cimport monotonic, usage_tokens
@@ -18,7 +19,7 @@ cdef class Exchange
 cdef class ClientSide:
     cdef public ProxyContext ctx
     cdef public object transport
-    cdef public object write  # transport.write
+    cdef public Sender out  # its transport's bytes
     cdef public bytes peer
     cdef public Exchange exchange
     cdef public bint closed

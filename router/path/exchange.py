@@ -80,7 +80,7 @@ class LifecycleError(RuntimeError):
 class ClientSide:
     """What an exchange needs of the client connection it answers (`front.ClientConnection`).
     A base class rather than a protocol so that, compiled, these are C calls; attributes in
-    exchange.pxd (`write` is its transport's)."""
+    exchange.pxd (`out` writes to its transport)."""
 
     def respond(self, status, body, request_id=b"", extra=b"", content_type=b"") -> None:
         raise NotImplementedError
@@ -529,7 +529,7 @@ class Exchange(ResponseListener):
 
     def _write(self, data: bytes) -> None:
         if not self.client.closed:
-            self.client.write(data)
+            self.client.out.write(data)
 
     def upstream_headers(self, status: int, head) -> None:
         try:

@@ -20,6 +20,7 @@ from router.path import affinity, target
 from router.path.affinity import OFF
 from router.path.context import ProxyContext
 from router.path.exchange import ClientSide, Exchange
+from router.path.sender import Sender
 from router.path.target import Refusal
 from router.protocol.errors import REASONS, RequestRefused, error_body
 from router.protocol.wire import RequestReader, monotonic
@@ -49,7 +50,7 @@ class ClientConnection(ClientSide):
     def __init__(self, ctx: ProxyContext) -> None:
         self.ctx = ctx
         self.transport: asyncio.Transport | None = None
-        self.write = None
+        self.out: Sender | None = None
         self.peer = b""
         self.pending: list = []  # requests read whole, waiting their turn (a few at most)
         config = ctx.config
@@ -67,7 +68,7 @@ class ClientConnection(ClientSide):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.write = transport.write  # per answer: the bound method, looked up once
+        self.out = Sender(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -284,7 +285,7 @@ class ClientConnection(ClientSide):
             head += b"x-request-id: " + request_id + b"\r\n"
         if not self.keep_alive:
             head += b"connection: close\r\n"
-        self.transport.write(head + extra + b"\r\n" + body)
+        self.out.write(head + extra + b"\r\n" + body)
         self.request_done(self.ctx.clock())
 
     def request_done(self, now: float) -> None:
@@ -303,7 +304,7 @@ class ClientConnection(ClientSide):
         """The request being read asked to hear that its body is wanted before it sends it:
         it is next in line, so it is (the router reads every body whole)."""
         self.reader.continue_wanted = False
-        self.transport.write(CONTINUE)
+        self.out.write(CONTINUE)
 
     def refuse_and_close(self, status: int, message: str) -> None:
         if self.closed:

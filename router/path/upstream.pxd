@@ -5,6 +5,7 @@ cimport cython
 from router.protocol cimport _wire
 from router.protocol._wire cimport monotonic
 from router.protocol.sink cimport AnswerSink
+from router.path.sender cimport Sender
 
 
 cdef class UpstreamConnection
@@ -21,7 +22,7 @@ cdef class ResponseListener:
 cdef class UpstreamConnection(AnswerSink):
     cdef public UpstreamPool pool
     cdef public object transport
-    cdef public object write  # transport.write
+    cdef public Sender out  # the request's bytes
     cdef public _wire.ResponseReader reader
     cdef public ResponseListener listener
     cdef public bint closed

@@ -11,6 +11,7 @@ import asyncio
 import socket
 from urllib.parse import urlsplit
 
+from router.path.sender import Sender
 from router.protocol.errors import InvalidResponse
 from router.protocol.sink import AnswerSink
 from router.protocol.wire import ResponseReader, monotonic
@@ -42,7 +43,7 @@ class UpstreamConnection(AnswerSink):
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.write = None
+        self.out: Sender | None = None
         self.reader = ResponseReader(self)
         self.listener: ResponseListener | None = None
         self.closed = False
@@ -52,7 +53,7 @@ class UpstreamConnection(AnswerSink):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.write = transport.write  # per request: the bound method, looked up once
+        self.out = Sender(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -64,7 +65,7 @@ class UpstreamConnection(AnswerSink):
         if self.closed:
             return False
         try:
-            self.write(request)
+            self.out.write(request)
         except RuntimeError:  # uvloop: the handle closed under us
             return False
         self.listener = listener

@@ -69,6 +69,7 @@ cpdef bytes ratelimit_lines(bytes requests_prefix, Py_ssize_t requests_left, Py_
 cpdef long long number_after(bytes data, bytes name) except -2
 cpdef long long usage_tokens(bytes data) except -2
 cpdef double monotonic() noexcept
+cpdef Py_ssize_t send_now(int fd, bytes data) except -2
 
 
 cpdef bytes with_max_tokens(bytes body, long long bound)

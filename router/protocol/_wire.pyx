@@ -18,6 +18,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdlib cimport calloc, free, realloc
 from libc.stdint cimport uint64_t
 from libc.string cimport memchr, memcmp, memcpy
+from libc.errno cimport EAGAIN, EINTR, errno
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from router.protocol.errors import REASONS, InvalidResponse, RequestRefused
@@ -372,6 +373,30 @@ cpdef double monotonic() noexcept:
     cdef timespec now
     clock_gettime(CLOCK_MONOTONIC, &now)
     return <double>(now.tv_sec * 1000000000 + now.tv_nsec) / 1e9
+
+
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t send(int fd, const void* buf, size_t n, int flags)
+    const int MSG_DONTWAIT
+    const int MSG_NOSIGNAL
+
+
+cpdef Py_ssize_t send_now(int fd, bytes data) except -2:
+    """As much of `data` as the socket `fd` takes at once, written from here: how many bytes,
+    0 where its buffer is full, -1 on an error (left for the transport to meet and report, as
+    it does its own). A C call where a transport's write is a Python call and its own
+    bookkeeping; for router/path/sender.py."""
+    if data is None:
+        raise TypeError("send_now takes bytes")
+    cdef ssize_t sent
+    while True:
+        sent = send(fd, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data),
+                    MSG_DONTWAIT | MSG_NOSIGNAL)
+        if sent >= 0:
+            return sent
+        if errno == EINTR:
+            continue
+        return 0 if errno == EAGAIN else -1  # EWOULDBLOCK is EAGAIN on Linux
 
 
 cpdef bytes numbered(bytes prefix, Py_ssize_t number):

@@ -16,6 +16,7 @@ usage_tokens = _impl.usage_tokens
 with_max_tokens = _impl.with_max_tokens
 ratelimit_lines = _impl.ratelimit_lines
 monotonic = _impl.monotonic
+send_now = _impl.send_now
 USING_EXTENSION = _impl is not wire_py
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "ResponseReader",
     "USING_EXTENSION",
     "monotonic",
+    "send_now",
     "number_after",
     "usage_tokens",
     "numbered",

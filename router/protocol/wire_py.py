@@ -3,6 +3,7 @@ GPUROUTER_NO_EXTENSIONS=1 and for a checkout whose extensions were not built."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import httptools
@@ -284,6 +285,17 @@ class ResponseReader:
 
 
 monotonic = time.monotonic  # the router's one clock
+
+
+def send_now(fd: int, data: bytes) -> int:
+    """As much of `data` as the socket `fd` takes at once: how many bytes, 0 where its buffer
+    is full, -1 on an error (left for the transport to meet and report)."""
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+    except OSError:
+        return -1
 
 
 def numbered(prefix: bytes, number: int) -> bytes:
