@@ -33,6 +33,9 @@ WAKE_IDS = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")  # a trace's and a span's id
 log = logging.getLogger("gpurouter")
 SPANS_LAST_POST_S = 15.0  # at shutdown, for the last spans to reach the collector
 ACK_POLL_S = 0.05  # how often the last requests on a replica that left the table are looked at
+# How often requests waiting for their tenant's share are looked at, while some wait: a slot
+# that a sibling worker frees in the shared in-flight count wakes no waiter here.
+SHARE_POLL_S = 0.05
 
 
 def raise_descriptor_limit() -> int:
@@ -293,6 +296,9 @@ class RouterServer:
                 self.share_wanted = False
                 self.send_report(ctx, prompt=True)
             pause = ACK_POLL_S if self.acks.watching else period
+            if ctx.share_waiting:
+                ctx.admit_all_share_waiters()
+                pause = min(pause, SHARE_POLL_S)
             try:
                 # Not wait_for, which on Python 3.11 may swallow the stop's cancel when a
                 # report is asked for in the same turn: the loop would report on for ever.

@@ -151,9 +151,7 @@ class ProxyContext:
                 self.pools.pop(url).close()
 
     def sweep(self) -> None:
-        # A rate's bucket refills with time, not only when a table or a request's end comes.
-        for name in list(self.share_waiting):
-            self.admit_share_waiters(name)
+        self.admit_all_share_waiters()
         now = self.clock()
         for conn in list(self.connections):
             conn.check_deadlines(now)
@@ -223,6 +221,13 @@ class ProxyContext:
         tenant.waiting += 1
         if self.on_share_wanted is not None:
             self.on_share_wanted()
+
+    def admit_all_share_waiters(self) -> None:
+        """Every tenant's waiting requests that its share now lets in: a rate's bucket refills
+        with time, and a sibling worker's finished request frees a slot of the shared count,
+        neither of which a table or a request's end here tells."""
+        for name in list(self.share_waiting):
+            self.admit_share_waiters(name)
 
     def admit_share_waiters(self, name: str) -> None:
         """Admit the waiting requests of tenant `name` that its share now lets in, first come
